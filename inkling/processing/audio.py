@@ -1,0 +1,221 @@
+"""Audio preprocessing (INKLING_SPEC §7): WAV bytes -> mono float32 at 16 kHz -> dMel levels [num_mels, F_pad].
+
+WAV files are parsed here rather than with the stdlib `wave`: `wave` refuses IEEE float data
+(format tag 3) on every Python version and WAVE_FORMAT_EXTENSIBLE before 3.12, and one parser
+keeps the two Pythons we support identical.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.signal
+import torch
+import torch.nn.functional as F
+
+from inkling.config import AudioConfig
+from inkling.processing.errors import ProcessingError
+
+DEFAULT_MAX_AUDIO_BYTES = 256 * 2**20
+DEFAULT_MAX_AUDIO_SECONDS = 1200.0
+MAX_SAMPLE_RATE = 384_000
+"""Above this a prime rate would make resample_poly build a filter of many millions of taps."""
+
+_PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
+_GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"  # KSDATAFORMAT_SUBTYPE_*
+_SUPPORTED = {(_PCM, 8), (_PCM, 16), (_PCM, 24), (_PCM, 32), (_FLOAT, 32), (_FLOAT, 64)}
+
+
+@dataclass(frozen=True)
+class WavFormat:
+    format_tag: int  # 1 PCM, 3 IEEE float (the sub-format of an extensible file)
+    num_channels: int
+    sample_rate: int
+    block_align: int
+    bits_per_sample: int
+
+
+def load_wav(
+    data: bytes | bytearray | memoryview,
+    *,
+    max_bytes: int = DEFAULT_MAX_AUDIO_BYTES,
+    max_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
+) -> tuple[np.ndarray, int]:
+    """WAV bytes -> (mono float32 samples, sample rate). PCM 8/16/24/32-bit and float 32/64-bit;
+    channels averaged. The duration is checked from the header, before decoding."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"audio must be WAV bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise ProcessingError(f"audio is {len(data)} bytes, more than the limit of {max_bytes}")
+    fmt, raw = _parse_riff(memoryview(data).cast("B"))
+    num_frames = len(raw) // fmt.block_align
+    if num_frames == 0:
+        raise ProcessingError("WAV has no samples")
+    seconds = num_frames / fmt.sample_rate
+    if seconds > max_seconds:
+        raise ProcessingError(f"audio is {seconds:.1f} s long, more than the limit of {max_seconds} s")
+    samples = _decode_samples(fmt, raw[: num_frames * fmt.block_align])  # [n, channels]
+    if not np.isfinite(samples).all():
+        raise ProcessingError("WAV holds non-finite float samples (NaN or infinity)")
+    mono = samples[:, 0] if fmt.num_channels == 1 else samples.mean(axis=1, dtype=np.float32)
+    return np.array(mono, dtype=np.float32), fmt.sample_rate
+
+
+def _parse_riff(data: memoryview) -> tuple[WavFormat, memoryview]:
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise ProcessingError("not a WAV file: no RIFF/WAVE header")
+    fmt = None
+    pos = 12
+    while pos + 8 <= len(data):
+        chunk_id = bytes(data[pos : pos + 4])
+        size = int.from_bytes(data[pos + 4 : pos + 8], "little")
+        body = pos + 8
+        if chunk_id == b"fmt ":
+            fmt = _parse_fmt(data[body : body + size])
+        elif chunk_id == b"data":
+            if fmt is None:
+                raise ProcessingError("WAV data chunk comes before its fmt chunk")
+            # A streaming writer may leave the size at 0xFFFFFFFF: take what is there.
+            return fmt, data[body : min(body + size, len(data))]
+        pos = body + size + (size & 1)  # chunks are word-aligned
+    raise ProcessingError("WAV has no fmt chunk" if fmt is None else "WAV has no data chunk")
+
+
+def _parse_fmt(body: memoryview) -> WavFormat:
+    if len(body) < 16:
+        raise ProcessingError(f"WAV fmt chunk is {len(body)} bytes, expected at least 16")
+    tag, channels, rate, _, block_align, bits = struct.unpack_from("<HHIIHH", body)
+    if tag == _EXTENSIBLE:
+        if len(body) < 40 or bytes(body[26:40]) != _GUID_TAIL:
+            raise ProcessingError("WAV extensible fmt chunk without a known sub-format")
+        tag = int.from_bytes(body[24:26], "little")
+    if (tag, bits) not in _SUPPORTED:
+        kind = {_PCM: "PCM", _FLOAT: "float"}.get(tag, f"format tag {tag:#x}")
+        raise ProcessingError(
+            f"unsupported WAV encoding: {kind}, {bits} bits (supported: PCM 8/16/24/32, float 32/64)"
+        )
+    if channels < 1:
+        raise ProcessingError("WAV declares 0 channels")
+    if not 1 <= rate <= MAX_SAMPLE_RATE:
+        raise ProcessingError(f"WAV sample rate {rate} outside [1, {MAX_SAMPLE_RATE}]")
+    if block_align != channels * bits // 8:
+        raise ProcessingError(f"WAV block_align {block_align} != {channels} channels x {bits // 8} bytes")
+    return WavFormat(tag, channels, rate, block_align, bits)
+
+
+def _decode_samples(fmt: WavFormat, raw: memoryview) -> np.ndarray:
+    """Interleaved samples -> float32 [frames, channels]: int16/32768, int32/2^31, uint8 (v-128)/128,
+    int24/2^23, float as is."""
+    bits = fmt.bits_per_sample
+    if fmt.format_tag == _FLOAT:
+        x = np.frombuffer(raw, dtype="<f4" if bits == 32 else "<f8").astype(np.float32)
+    elif bits == 8:
+        x = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128) / 128
+    elif bits == 16:
+        x = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768
+    elif bits == 24:
+        b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+        v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
+        x = ((v ^ 0x800000) - 0x800000).astype(np.float32) / 2**23  # sign-extend 24 -> 32 bits
+    else:
+        x = np.frombuffer(raw, dtype="<i4").astype(np.float32) / 2**31
+    return x.reshape(-1, fmt.num_channels)
+
+
+def resample_to(wave: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
+    """Polyphase resampling (scipy's default Kaiser window), up/down reduced by their gcd."""
+    if orig_sr == target_sr:
+        return wave
+    g = math.gcd(orig_sr, target_sr)
+    return scipy.signal.resample_poly(wave, target_sr // g, orig_sr // g).astype(np.float32, copy=False)
+
+
+def mel_filterbank(
+    n_freqs: int = 201,
+    f_min: float = 0.0,
+    f_max: float = 8000.0,
+    n_mels: int = 80,
+    sample_rate: int = 16000,
+) -> torch.Tensor:
+    """Triangular HTK-mel filters, no normalisation: [n_freqs, n_mels] float32, the same values as
+    torchaudio.functional.melscale_fbanks(n_freqs, f_min, f_max, n_mels, sample_rate, None, "htk")."""
+    bin_freqs = torch.linspace(0, sample_rate // 2, n_freqs, dtype=torch.float32)  # [n_freqs]
+    mel_pts = torch.linspace(_hz_to_mel(f_min), _hz_to_mel(f_max), n_mels + 2, dtype=torch.float32)
+    hz_pts = 700.0 * (10.0 ** (mel_pts / 2595.0) - 1.0)  # [n_mels + 2] edges and centres
+    widths = hz_pts[1:] - hz_pts[:-1]  # [n_mels + 1]
+    offsets = hz_pts[None, :] - bin_freqs[:, None]  # [n_freqs, n_mels + 2]
+    rising = -offsets[:, :-2] / widths[:-1]  # (f - left) / (centre - left)
+    falling = offsets[:, 2:] / widths[1:]  # (right - f) / (right - centre)
+    return torch.clamp(torch.minimum(rising, falling), min=0.0)
+
+
+def _hz_to_mel(freq: float) -> float:
+    return 2595.0 * math.log10(1.0 + freq / 700.0)
+
+
+def dmel_levels(wave: torch.Tensor, audio_cfg: AudioConfig) -> torch.Tensor:
+    """Mono float waveform at audio_cfg.sample_rate [samples] -> dMel levels [num_mels, F_pad] int64.
+
+    F = 1 + samples // hop_length (after right-padding a short wave to n_fft samples); F_pad rounds
+    F up to a multiple of frame_stack with frames whose levels are all 0."""
+    if wave.dim() != 1:
+        raise ProcessingError(f"waveform must be 1-D, got shape {list(wave.shape)}")
+    cfg = audio_cfg
+    wave = wave.to(torch.float32)
+    if wave.numel() < cfg.n_fft:
+        wave = F.pad(wave, (0, cfg.n_fft - wave.numel()))
+    window = torch.hann_window(cfg.n_fft, periodic=True, dtype=torch.float32, device=wave.device)
+    spec = torch.stft(
+        wave,
+        n_fft=cfg.n_fft,
+        hop_length=cfg.hop_length,
+        win_length=cfg.n_fft,
+        window=window,
+        center=True,
+        pad_mode="reflect",
+        return_complex=True,
+    )
+    power = spec.abs().pow(2)  # [n_fft // 2 + 1, F]
+    fbank = mel_filterbank(cfg.n_fft // 2 + 1, 0.0, cfg.sample_rate / 2, cfg.num_mels, cfg.sample_rate)
+    mel = fbank.to(wave.device).T @ power  # [num_mels, F]
+    log_mel = torch.log(torch.clamp(mel, min=1e-10)).clamp(cfg.log_min, cfg.log_max)
+    scaled = (log_mel - cfg.log_min) / (cfg.log_max - cfg.log_min) * (cfg.num_levels - 1)
+    levels = torch.round(scaled).to(torch.int64)  # half to even
+    return F.pad(levels, (0, -levels.shape[1] % cfg.frame_stack))
+
+
+def num_audio_tokens(levels: torch.Tensor, frame_stack: int = 4) -> int:
+    """One token per frame_stack frames of the padded levels."""
+    return levels.shape[-1] // frame_stack
+
+
+def preprocess_audio(
+    data: bytes | bytearray | memoryview,
+    audio_cfg: AudioConfig,
+    *,
+    max_bytes: int = DEFAULT_MAX_AUDIO_BYTES,
+    max_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
+) -> torch.Tensor:
+    """WAV bytes -> dMel levels [num_mels, F_pad] int64."""
+    samples, sample_rate = load_wav(data, max_bytes=max_bytes, max_seconds=max_seconds)
+    samples = resample_to(samples, sample_rate, audio_cfg.sample_rate)
+    return dmel_levels(torch.from_numpy(samples), audio_cfg)
+
+
+def check_levels(levels: torch.Tensor, audio_cfg: AudioConfig) -> torch.Tensor:
+    """Validate already-computed dMel levels; raise ProcessingError if they are not."""
+    cfg = audio_cfg
+    if levels.dtype != torch.int64 or levels.dim() != 2 or levels.shape[0] != cfg.num_mels:
+        raise ProcessingError(
+            f"levels must be int64 [{cfg.num_mels}, F_pad], got {levels.dtype} {list(levels.shape)}"
+        )
+    if levels.shape[1] == 0 or levels.shape[1] % cfg.frame_stack:
+        raise ProcessingError(
+            f"levels have {levels.shape[1]} frames, not a positive multiple of {cfg.frame_stack}"
+        )
+    if levels.min() < 0 or levels.max() >= cfg.num_levels:
+        raise ProcessingError(f"levels must lie in [0, {cfg.num_levels})")
+    return levels
