@@ -18,7 +18,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 
-.PHONY: venv test lint unit test-gpu demo synth convert clean
+.PHONY: venv test lint unit test-gpu demo synth convert engine clean
 
 venv: $(STAMP)
 
@@ -46,6 +46,16 @@ $(TINY)/config.json: $(STAMP)
 	$(PY) -m inkling.synth --preset inkling-tiny --out $(TINY) --seed $(SEED) --force
 
 synth: $(TINY)/config.json
+
+# The NVFP4 checkpoint: routed experts quantized with ModelOpt, calibrated on built-in text.
+$(TINY_FP4)/config.json: $(TINY)/config.json
+	$(PY) -m convert --model_dir $(TINY) --output_dir $(TINY_FP4) --quant nvfp4 --force
+
+convert: $(TINY_FP4)/config.json
+
+# Our users' build step: CKPT= and ENGINE= point elsewhere; BUILD_ARGS= passes builder flags.
+engine: $(STAMP) $(if $(filter $(TINY_FP4),$(CKPT)),$(TINY_FP4)/config.json)
+	$(PY) -m builder --checkpoint_dir $(CKPT) --output_dir $(ENGINE) --force $(BUILD_ARGS)
 
 demo: $(TINY)/config.json
 	$(PY) -m inkling.demo --model_dir $(TINY)

@@ -10,12 +10,13 @@ from torch import nn
 
 from . import ops
 from .config import InklingConfig
+from .processing.image import image_patches
 
 
 def _group_2x2(x: torch.Tensor) -> torch.Tensor:
-    """[h, w, d] -> [h/2, w/2, 4d], each 2x2 group concatenated in order (0,0),(0,1),(1,0),(1,1)."""
-    h, w, d = x.shape
-    return x.reshape(h // 2, 2, w // 2, 2, d).permute(0, 2, 1, 3, 4).reshape(h // 2, w // 2, 4 * d)
+    """[N, h, w, d] -> [N, h/2, w/2, 4d], each 2x2 group concatenated in order (0,0),(0,1),(1,0),(1,1)."""
+    n, h, w, d = x.shape
+    return x.reshape(n, h // 2, 2, w // 2, 2, d).permute(0, 1, 3, 2, 4, 5).reshape(n, h // 2, w // 2, 4 * d)
 
 
 class HMLP(nn.Module):
@@ -30,20 +31,22 @@ class HMLP(nn.Module):
         self.norm0 = nn.LayerNorm(d1, eps=1e-5)
         self.norm1 = nn.LayerNorm(d2, eps=1e-5)
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels: [Hpx, Wpx, 3], sides multiples of 16 -> [Hpx/16 * Wpx/16, H], raster order."""
-        Hp, Wp, C = pixels.shape
-        if C != 3 or Hp % 16 or Wp % 16:
-            raise ValueError(
-                f"image tensor must be [Hpx, Wpx, 3] with sides multiples of 16, got {list(pixels.shape)}"
-            )
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        """patches: [N, 16, 16, 3], the image's 16x16 patches in raster order
+        (`inkling.processing.image_patches`) -> [N, H], one embedding per patch.
+
+        Every 2x2 group of 2x2 groups of 4x4 cells lies inside one 16x16 patch, so the stem works on
+        the patches independently; only N is dynamic, which keeps the exported program guard-free."""
+        if patches.shape[1:] != (16, 16, 3):
+            raise ValueError(f"image patches must be [N, 16, 16, 3], got {list(patches.shape)}")
         stage = getattr(self, "0")
-        x = pixels.to(stage.weight.dtype)
-        # 4x4 patches flattened in (row, col, channel) order.
-        x = x.reshape(Hp // 4, 4, Wp // 4, 4, 3).permute(0, 2, 1, 3, 4).reshape(Hp // 4, Wp // 4, 48)
-        x = ops.gelu_tanh(self.norm0(stage(x)))
-        x = ops.gelu_tanh(self.norm1(getattr(self, "1")(_group_2x2(x))))
-        x = getattr(self, "2")(_group_2x2(x))
+        x = patches.to(stage.weight.dtype)
+        x = (
+            x.reshape(-1, 4, 4, 4, 4, 3).permute(0, 1, 3, 2, 4, 5).reshape(-1, 4, 4, 48)
+        )  # (row, col, channel)
+        x = ops.gelu_tanh(self.norm0(stage(x)))  # [N, 4, 4, d1]
+        x = ops.gelu_tanh(self.norm1(getattr(self, "1")(_group_2x2(x))))  # [N, 2, 2, d2]
+        x = getattr(self, "2")(_group_2x2(x))  # [N, 1, 1, H]
         return x.reshape(-1, x.shape[-1])
 
 
@@ -53,7 +56,8 @@ class Vision(nn.Module):
         self.hmlp = HMLP(c)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.hmlp(pixels)
+        """pixels: [Hpx, Wpx, 3], sides multiples of 16 -> [Hpx/16 * Wpx/16, H], raster order."""
+        return self.hmlp(image_patches(pixels))
 
 
 class Audio(nn.Module):

@@ -1,8 +1,19 @@
-"""Shared fixtures: synthetic tiny checkpoints, written once per test session."""
+"""Shared fixtures: synthetic tiny checkpoints, written once per test session.
+
+Without a GPU, Triton kernels run in the CPU interpreter. Triton 3.6 picks interpreted or compiled
+when a `@triton.jit` function is *defined*, so TRITON_INTERPRET is set here, in the root conftest,
+before any test module imports a plugin's kernels.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from inkling.synth import synthesize
 

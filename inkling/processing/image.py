@@ -101,6 +101,15 @@ def num_image_tokens(pixels: torch.Tensor, patch_size: int = 16) -> int:
     return (pixels.shape[0] // patch_size) * (pixels.shape[1] // patch_size)
 
 
+def image_patches(pixels: torch.Tensor, patch_size: int = 16) -> torch.Tensor:
+    """[Hpx, Wpx, C] -> [N, patch, patch, C]: the 16x16 patches in raster order, one per image token."""
+    Hp, Wp, C = pixels.shape
+    if Hp % patch_size or Wp % patch_size:
+        raise ProcessingError(f"image sides must be multiples of {patch_size}, got {Hp}x{Wp}")
+    grid = pixels.reshape(Hp // patch_size, patch_size, Wp // patch_size, patch_size, C).transpose(1, 2)
+    return grid.reshape(-1, patch_size, patch_size, C)
+
+
 def check_pixels(pixels: torch.Tensor, vision_cfg: VisionConfig) -> torch.Tensor:
     """Validate an already-preprocessed image tensor; raise ProcessingError if it is not one."""
     p = vision_cfg.patch_size

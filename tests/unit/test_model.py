@@ -5,9 +5,10 @@ import torch
 
 from inkling import ops
 from inkling.config import SPECIAL_TOKENS, preset
-from inkling.encoders import HMLP, Audio
+from inkling.encoders import Audio, Vision
 from inkling.layers import init_like_synth
 from inkling.model import InklingReference
+from inkling.processing import image_patches
 
 TOKEN_IDS = {name: i for i, name in enumerate(SPECIAL_TOKENS)}
 
@@ -29,8 +30,9 @@ def _capture(module):
 def test_hmlp_patch_order_against_a_hand_built_image():
     c = preset("inkling-tiny")
     torch.manual_seed(0)
-    hmlp = HMLP(c)
+    hmlp = Vision(c)
     init_like_synth(hmlp)
+    hmlp = hmlp.hmlp
     Hp, Wp = 32, 48
     img = torch.arange(Hp * Wp * 3, dtype=torch.float32).reshape(Hp, Wp, 3) / (Hp * Wp * 3)
     stage0_in, stage1_in, stage2_in = (_capture(getattr(hmlp, s)) for s in ("0", "1", "2"))
@@ -38,25 +40,35 @@ def test_hmlp_patch_order_against_a_hand_built_image():
     hmlp.norm0.register_forward_hook(lambda m, a, out: norm0_out.append(ops.gelu_tanh(out.detach())))
     hmlp.norm1.register_forward_hook(lambda m, a, out: norm1_out.append(ops.gelu_tanh(out.detach())))
     with torch.no_grad():
-        out = hmlp(img)
-    x0 = stage0_in[0]
+        out = hmlp(image_patches(img))
+    w16 = Wp // 16
+
+    def cell(x, a, b, size):
+        """The row of cell (a, b) of a stage whose cells are `size` pixels: x is [N, h, w, d] per 16x16 patch."""
+        per = 16 // size
+        return x[(a // per) * w16 + b // per, a % per, b % per]
+
     for a in range(Hp // 4):
         for b in range(Wp // 4):
             for r in range(4):
                 for col in range(4):
                     for ch in range(3):  # (row, col, channel) order within a 4x4 patch
-                        assert x0[a, b, (r * 4 + col) * 3 + ch] == img[4 * a + r, 4 * b + col, ch]
-    for x_in, prev in ((stage1_in[0], norm0_out[0]), (stage2_in[0], norm1_out[0])):
+                        assert (
+                            cell(stage0_in[0], a, b, 4)[(r * 4 + col) * 3 + ch]
+                            == img[4 * a + r, 4 * b + col, ch]
+                        )
+    for x_in, prev, size in ((stage1_in[0], norm0_out[0], 8), (stage2_in[0], norm1_out[0], 16)):
         d = prev.shape[-1]
-        for a in range(x_in.shape[0]):
-            for b in range(x_in.shape[1]):
+        for a in range(Hp // size):
+            for b in range(Wp // size):
                 for n, (dr, dc) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
-                    torch.testing.assert_close(x_in[a, b, n * d : (n + 1) * d], prev[2 * a + dr, 2 * b + dc])
+                    want = cell(prev, 2 * a + dr, 2 * b + dc, size // 2)
+                    torch.testing.assert_close(cell(x_in, a, b, size)[n * d : (n + 1) * d], want)
     # One token per 16x16 patch, raster order: changing patch (1, 2) changes token 1 * 3 + 2 only.
     img2 = img.clone()
     img2[16:32, 32:48] += 1.0
     with torch.no_grad():
-        changed = (hmlp(img2) - out).abs().amax(-1) > 0
+        changed = (hmlp(image_patches(img2)) - out).abs().amax(-1) > 0
     assert out.shape == (Hp // 16 * Wp // 16, c.hidden_size)
     assert changed.nonzero().flatten().tolist() == [5]
 

@@ -1,0 +1,295 @@
+"""Benchmark: expert_sink_moe (NVFP4 W4A16 Triton) and sconv at inkling-bench shapes, on the GPU.
+
+    PYTHONPATH=. python3 bench/moe.py --out DIR
+
+Tunes the MoE tile table (launcher.tune, as the builder would), checks the Triton op against the
+reference and the bf16 peer, then times (CUDA-graph replays, median): the Triton op, its bound
+(bytes of the experts actually touched + shared + router + activations over 4.35 TB/s, or FLOPs
+over 790 TFLOP/s, whichever is larger), the reference op, and bf16 grouped GEMMs on pre-dequantized
+weights (torch._grouped_mm). Then sconv: fused sconv_kv_write against sconv + sconv + cache write,
+and a layer's sconvs against its MoE. Writes moe.md, moe.json, moe_tune.json and moe.png to DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+import plugins  # noqa: F401  (registers the ops)
+from plugins.moe import PACKED_NAMES
+from plugins.moe import launcher as moe_launcher
+from plugins.nvfp4 import dequantize_nvfp4, random_nvfp4
+
+H, I, E, S, TOP_K = 7168, 2560, 256, 2, 6  # inkling-bench
+HKV, D, K_CONV, MAX_DRAFT = 8, 128, 4, 8
+MEM_BW, TC_RATE = 4.35e12, 790e12
+TOKENS = (1, 8, 64, 512, 4096)
+DEV = "cuda"
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def make_layer(seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    w13, s13, g13 = random_nvfp4(2 * I, H, batch=(E,), device=DEV, generator=g)
+    w2, s2, g2 = random_nvfp4(H, I, batch=(E,), device=DEV, generator=g)
+    packed = {
+        "w13": w13, "w13_scale": s13,
+        "w13_scale_2": torch.stack([g13, g13 * 1.25], dim=1).contiguous(),
+        "w2": w2, "w2_scale": s2, "w2_scale_2": g2,
+    }  # fmt: skip
+    router = torch.randn(E + S, H, device=DEV, generator=g, dtype=torch.bfloat16) * H**-0.5
+    shared_w13 = torch.randn(S, 2 * I, H, device=DEV, generator=g, dtype=torch.bfloat16) * 0.02
+    shared_w2 = torch.randn(S, H, I, device=DEV, generator=g, dtype=torch.bfloat16) * 0.02
+    return packed, router, shared_w13, shared_w2
+
+
+def dequantized_bf16(packed):
+    """Pre-dequantized routed experts for the bf16 peer: w13 [E, 2I, H], w2 [E, H, I]."""
+    w13 = torch.empty(E, 2 * I, H, device=DEV, dtype=torch.bfloat16)
+    w2 = torch.empty(E, H, I, device=DEV, dtype=torch.bfloat16)
+    for e in range(E):
+        w13[e, :I] = dequantize_nvfp4(
+            packed["w13"][e, :I], packed["w13_scale"][e, :I], packed["w13_scale_2"][e, 0]
+        )
+        w13[e, I:] = dequantize_nvfp4(
+            packed["w13"][e, I:], packed["w13_scale"][e, I:], packed["w13_scale_2"][e, 1]
+        )
+        w2[e] = dequantize_nvfp4(packed["w2"][e], packed["w2_scale"][e], packed["w2_scale_2"][e])
+    return w13, w2
+
+
+def peer_moe(x, router, w13, w2, shared_w13, shared_w2):
+    """The best plain-torch path: bf16 grouped GEMMs (torch._grouped_mm), sync-free."""
+    T = x.shape[0]
+    p = torch.softmax((x @ router.T).float(), dim=-1)
+    w_top, idx = torch.topk(p[:, :E], TOP_K, dim=-1)
+    flat = idx.flatten()
+    order = torch.argsort(flat, stable=True)
+    tok = order // TOP_K
+    counts = torch.zeros(E, dtype=torch.int32, device=DEV).scatter_add_(
+        0, flat.int(), torch.ones_like(flat, dtype=torch.int32)
+    )
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    h13 = torch._grouped_mm(x[tok], w13.transpose(1, 2), offs=offs)
+    h = F.silu(h13[:, :I]) * h13[:, I:]
+    o = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs) * w_top.flatten()[order, None].to(x.dtype)
+    y = torch.zeros(T, H, device=DEV, dtype=torch.float32).index_add_(0, tok, o.float())
+    hs = (x @ shared_w13.view(S * 2 * I, H).T).view(T, S, 2 * I)
+    hs = (F.silu(hs[..., :I]) * hs[..., I:]) * p[:, E:, None].to(x.dtype)
+    y += torch.bmm(hs.transpose(0, 1), shared_w2.transpose(1, 2)).float().sum(0)
+    return y.to(x.dtype)
+
+
+def bench(fn, graph=True):
+    """Median ms of CUDA-graph replays (eager do_bench when capture is impossible)."""
+    if graph:
+        try:
+            return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"), "graph"
+        except Exception as exc:  # noqa: BLE001
+            log(f"  (no CUDA graph: {type(exc).__name__}: {str(exc)[:120]})")
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"), "eager"
+
+
+def bound_us(T, n_experts):
+    nvfp4_expert = 3 * I * H * 0.5625
+    bytes_ = n_experts * nvfp4_expert + S * 3 * I * H * 2 + (E + S) * H * 2 + 2 * T * H * 2
+    flops = T * (TOP_K + S) * 6 * I * H + 2 * T * H * (E + S)
+    return max(bytes_ / MEM_BW, flops / TC_RATE) * 1e6, bytes_, flops
+
+
+def moe_section(out_dir):
+    packed, router, sw13, sw2 = make_layer()
+    pk = [packed[n] for n in PACKED_NAMES]
+
+    def inputs(T, seed=1):
+        x = torch.randn(
+            T, H, device=DEV, dtype=torch.bfloat16, generator=torch.Generator(device=DEV).manual_seed(seed)
+        )
+        return (x, router, *pk, sw13, sw2, E, TOP_K)
+
+    t0 = time.time()
+    table = moe_launcher.tune(inputs, log=log)
+    log(f"tuned in {time.time() - t0:.0f} s: {json.dumps(table)}")
+    with open(os.path.join(out_dir, "moe_tune.json"), "w") as f:
+        json.dump(table, f, indent=1)
+    tile_configs = json.dumps(table)
+
+    log("dequantizing the bf16 peer's weights ...")
+    w13_bf16, w2_bf16 = dequantized_bf16(packed)
+    rows = []
+    for T in TOKENS:
+        args = inputs(T, seed=T)
+        x = args[0]
+        tri = lambda: torch.ops.inkling.expert_sink_moe(*args, tile_configs, "triton")  # noqa: B023, E731
+        ref = lambda: torch.ops.inkling.expert_sink_moe(*args, "", "reference")  # noqa: B023, E731
+        peer = lambda: peer_moe(x, router, w13_bf16, w2_bf16, sw13, sw2)  # noqa: B023, E731
+        y_tri, y_ref = tri(), ref()
+        err_ref = ((y_tri.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
+        try:
+            y_peer = peer()
+            err_peer = ((y_peer.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
+        except Exception as exc:  # noqa: BLE001
+            log(f"  bf16 peer failed: {type(exc).__name__}: {str(exc)[:200]}")
+            peer, err_peer = None, float("nan")
+        _, idx, _ = __import__("inkling.ops", fromlist=["route"]).route(x, router, E, TOP_K)
+        n_exp = int(torch.unique(idx).numel())
+        b_us, b_bytes, flops = bound_us(T, n_exp)
+        t_tri, mode = bench(tri)
+        t_peer, peer_mode = bench(peer) if peer else (float("nan"), "-")
+        torch.cuda.synchronize()
+        t_ref = triton.testing.do_bench(ref, warmup=1, rep=1, return_mode="median")
+        row = dict(T=T, experts=n_exp, bound_us=b_us, triton_us=t_tri * 1e3, peer_us=t_peer * 1e3, ref_us=t_ref * 1e3,
+                   err_vs_ref=err_ref, peer_err_vs_ref=err_peer, tflops=flops / (t_tri * 1e-3) / 1e12,
+                   tbps=b_bytes / (t_tri * 1e-3) / 1e12, mode=mode, peer_mode=peer_mode,
+                   config=moe_launcher.select_config(table, T))  # fmt: skip
+        rows.append(row)
+        log(f"T={T:5d} experts={n_exp:3d} bound {b_us:8.1f} us | triton {row['triton_us']:8.1f} us "
+            f"({row['triton_us'] / b_us:.2f}x bound, {row['tflops']:.0f} TFLOP/s, {row['tbps']:.2f} TB/s) | "
+            f"peer {row['peer_us']:8.1f} us | ref {row['ref_us']:9.1f} us | err {err_ref:.1e} peer err {err_peer:.1e}")  # fmt: skip
+    return rows, table
+
+
+def sconv_section(moe_rows):
+    rows = []
+    for T, B in ((1, 1), (8, 8), (64, 64), (512, 1), (4096, 1)):
+        moe_us = next((r["triton_us"] for r in moe_rows if r["T"] == T), float("nan"))
+        r = sconv_case(T, B, moe_us)
+        rows.append(r)
+        log(
+            f"sconv T={T:5d} B={B:3d}: kv fused {r['fused_us']:.1f} us vs unfused {r['unfused_us']:.1f} us | "
+            f"sconv C=H {r['sconv_h_us']:.1f} us ({r['sconv_h_tbps']:.2f} TB/s) | layer sconvs "
+            f"{r['layer_sconv_us']:.1f} us = {100 * r['share_of_moe']:.1f}% of the MoE"
+        )
+    return rows
+
+
+def sconv_case(T, B, moe_us):
+    S_rows = K_CONV - 1 + MAX_DRAFT
+    C_kv, BS = HKV * D, 16
+    g = torch.Generator(device=DEV).manual_seed(T)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device=DEV, dtype=torch.bfloat16, generator=g)
+
+    q_lens = [T // B] * B
+    cu = torch.tensor([0] + [sum(q_lens[: i + 1]) for i in range(B)], dtype=torch.int32, device=DEV)
+    slots = torch.arange(B, dtype=torch.int32, device=DEV)
+    k_raw, v_raw, wk, wv = rnd(T, C_kv), rnd(T, C_kv), rnd(C_kv, K_CONV), rnd(C_kv, K_CONV)
+    st_k, st_v = rnd(B, S_rows, C_kv), rnd(B, S_rows, C_kv)
+    NB = (T + BS - 1) // BS + 4
+    kc, vc = rnd(NB, BS, HKV, D), rnd(NB, BS, HKV, D)
+    slot_mapping = torch.randperm(NB * BS, device=DEV, generator=g)[:T]
+    xh, wh, st_h = rnd(T, H), rnd(H, K_CONV), rnd(B, S_rows, H)
+
+    def fused():
+        return torch.ops.inkling.sconv_kv_write(
+            k_raw, v_raw, wk, wv, st_k, st_v, slots, cu, kc, vc, slot_mapping, "triton"
+        )
+
+    def unfused():
+        k = torch.ops.inkling.sconv(k_raw, wk, st_k, slots, cu, "triton").view(T, HKV, D)
+        v = torch.ops.inkling.sconv(v_raw, wv, st_v, slots, cu, "triton").view(T, HKV, D)
+        kc.view(-1, HKV, D).index_copy_(0, slot_mapping, k)
+        vc.view(-1, HKV, D).index_copy_(0, slot_mapping, v)
+        return k, v
+
+    def sconv_h():
+        return torch.ops.inkling.sconv(xh, wh, st_h, slots, cu, "triton")
+
+    t_f, _ = bench(fused)
+    t_u, _ = bench(unfused)
+    t_h, _ = bench(sconv_h)
+    layer_sconv = t_f * 1e3 + 2 * t_h * 1e3  # k+v fused, o and m on H channels
+    bytes_h = 2 * T * H * 2
+    return dict(
+        T=T, B=B, fused_us=t_f * 1e3, unfused_us=t_u * 1e3, sconv_h_us=t_h * 1e3,
+        sconv_h_tbps=bytes_h / (t_h * 1e-3) / 1e12, layer_sconv_us=layer_sconv,
+        moe_us=moe_us, share_of_moe=layer_sconv / moe_us,
+    )  # fmt: skip
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    Ts = [r["T"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=90)
+    for key, label in (
+        ("bound_us", "bound"),
+        ("triton_us", "Triton NVFP4 W4A16"),
+        ("peer_us", "bf16 _grouped_mm"),
+        ("ref_us", "reference op"),
+    ):
+        ax.plot(Ts, [r[key] for r in rows], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens T")
+    ax.set_ylabel("time per MoE layer (us)")
+    ax.set_title("expert_sink_moe, inkling-bench shapes, H200")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def write_md(moe_rows, sconv_rows, path):
+    gpu = torch.cuda.get_device_name()
+    lines = [
+        "# expert_sink_moe and sconv on the GPU",
+        "",
+        f"Command: `PYTHONPATH=. python3 bench/moe.py --out $OUT`; GPU: {gpu}; date: {datetime.date.today()}; "
+        f"torch {torch.__version__}, triton {triton.__version__}. Medians of CUDA-graph replays (reference: eager).",
+        "",
+        f"inkling-bench MoE: H {H}, I {I}, E {E} NVFP4 routed top-{TOP_K}, S {S} bf16 shared; random data, bf16 activations.",
+        "",
+        "| T | experts touched | bound (us) | Triton (us) | x bound | TFLOP/s | TB/s | bf16 peer (us) | reference (us) | rel. err vs ref |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in moe_rows:
+        lines.append(
+            f"| {r['T']} | {r['experts']} | {r['bound_us']:.1f} | {r['triton_us']:.1f} | {r['triton_us'] / r['bound_us']:.2f} | "
+            f"{r['tflops']:.0f} | {r['tbps']:.2f} | {r['peer_us']:.1f} | {r['ref_us']:.0f} | {r['err_vs_ref']:.1e} |"
+        )
+    lines += ["", "| T | B | sconv_kv_write fused (us) | 2 sconv + cache write (us) | sconv C=H (us) | layer sconvs (us) | % of MoE |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in sconv_rows:
+        lines.append(
+            f"| {r['T']} | {r['B']} | {r['fused_us']:.1f} | {r['unfused_us']:.1f} | {r['sconv_h_us']:.1f} | "
+            f"{r['layer_sconv_us']:.1f} | {100 * r['share_of_moe']:.1f} |"
+        )
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="build/bench-moe")
+    ap.add_argument("--skip-moe", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    moe_rows, table = ([], None) if args.skip_moe else moe_section(args.out)
+    if moe_rows:
+        plot(moe_rows, os.path.join(args.out, "moe.png"))
+    sconv_rows = sconv_section(moe_rows)
+    with open(os.path.join(args.out, "moe.json"), "w") as f:
+        json.dump({"moe": moe_rows, "sconv": sconv_rows, "tune": table}, f, indent=1)
+    write_md(moe_rows, sconv_rows, os.path.join(args.out, "moe.md"))
+    with open(os.path.join(args.out, "moe.md")) as f:
+        log(f.read())
+
+
+if __name__ == "__main__":
+    main()

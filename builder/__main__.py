@@ -1,0 +1,63 @@
+"""`python -m builder`: a trtllm-build-like CLI for Inkling engines.
+
+    python -m builder --checkpoint_dir build/inkling-tiny-nvfp4 --output_dir build/engine-tiny \
+        [--max_batch_size 8 --max_seq_len 2048 --max_num_tokens 2048 --tp_size 1 --dtype bfloat16 --device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+from .build import build
+from .config import BuildConfig, PluginConfig
+from .engine import EngineError
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m builder", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--checkpoint_dir", required=True)
+    ap.add_argument("--output_dir", required=True)
+    ap.add_argument("--force", action="store_true", help="replace an existing output_dir")
+    for f in dataclasses.fields(BuildConfig):
+        if f.name == "plugin_config":
+            continue
+        ap.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
+    for f in dataclasses.fields(PluginConfig):
+        kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(f.default, bool) else str
+        ap.add_argument(
+            f"--{f.name}_plugin" if not isinstance(f.default, bool) else f"--{f.name}",
+            type=kind,
+            default=f.default,
+        )
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plugin = PluginConfig(
+        **{
+            f.name: getattr(args, f"{f.name}_plugin" if not isinstance(f.default, bool) else f.name)
+            for f in dataclasses.fields(PluginConfig)
+        }
+    )
+    fields = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(BuildConfig) if f.name != "plugin_config"
+    }
+    start = time.perf_counter()
+    try:
+        engine = build(args.checkpoint_dir, BuildConfig(**fields, plugin_config=plugin))
+        engine.save(args.output_dir, force=args.force)
+    except (ValueError, EngineError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"[build] engine written to {args.output_dir} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

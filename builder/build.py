@@ -1,0 +1,299 @@
+"""build(checkpoint, build_config) -> Engine: weights into the kernels' layout, programs exported.
+
+Phases (each timed in the build log): read and check the checkpoint; resolve each plugin's
+implementation; arrange weights (cast, fuse shared experts, pack NVFP4 experts with the MoE plugin's
+`pack_weights`); export the step program and the encoders with torch.export, dynamic dimensions
+bounded by the BuildConfig.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch.export import Dim
+from tqdm import tqdm
+
+import plugins
+from inkling.config import InklingConfig
+from inkling.encoders import HMLP, Audio
+from inkling.tensors import PROJS, routed_expert_module
+
+from .config import BuildConfig, BuildError
+from .engine import ENGINE_FORMAT_VERSION, Engine
+from .network import CacheLayout, StepProgram
+
+MAX_BLOCKS_DIM = 1 << 22
+
+
+class BuildLog:
+    def __init__(self, echo: bool = True):
+        self.lines: list[str] = []
+        self.echo = echo
+
+    def __call__(self, msg: str) -> None:
+        self.lines.append(msg)
+        if self.echo:
+            print(f"[build] {msg}", flush=True)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self(f"phase {name}: {time.perf_counter() - start:.2f} s")
+
+
+def build(
+    source: str | os.PathLike | Iterable[tuple[str, torch.Tensor]],
+    build_config: BuildConfig | None = None,
+    config: InklingConfig | None = None,
+    echo: bool = True,
+) -> Engine:
+    """Build an engine from a checkpoint directory, or from (name, tensor) pairs with their `config`
+    (e.g. `inkling.synth.iter_synthetic_tensors` on the GPU, for models too big for disk)."""
+    bc = build_config or BuildConfig()
+    log = BuildLog(echo)
+    tokenizer_json = generation_config = None
+    with log.phase("read"):
+        if isinstance(source, (str, os.PathLike)):
+            from inkling.checkpoint import CheckpointReader, load_generation_config
+
+            reader = CheckpointReader(source)
+            config = reader.config
+            tensors: Iterable[tuple[str, torch.Tensor]] = ((n, reader.get(n)) for n in reader.keys())
+            tok = os.path.join(os.fspath(source), "tokenizer.json")
+            tokenizer_json = open(tok).read() if os.path.exists(tok) else None
+            generation_config = load_generation_config(source)
+            log(f"checkpoint {os.fspath(source)}")
+        elif config is None:
+            raise BuildError("building from tensors in memory needs their config")
+        else:
+            tensors = source
+        if not config.is_quantized:
+            raise BuildError(
+                "the checkpoint's routed experts are bf16: convert it first "
+                "(python -m convert --model_dir IN --output_dir OUT --quant nvfp4)"
+            )
+    impls = bc.plugin_config.resolve(bc.device)
+    for name, impl in impls.items():
+        why = "CUDA engine" if impl == "triton" else ("asked for" if bc.device == "cuda" else "CPU engine")
+        log(f"plugin {name}: {impl} ({why}), version {plugins.get(name).version}")
+    dtype = getattr(torch, bc.dtype)
+    device = torch.device(bc.device)
+    with log.phase("weights"):
+        weights, encoder_tensors = arrange_weights(config, tensors, dtype, device)
+        nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+        log(f"weights: {len(weights)} tensors, {nbytes / 1e9:.3f} GB")
+    tuning = {}
+    if "triton" in impls.values():
+        with log.phase("tune"):
+            tuning = tune_plugins(config, bc, impls, weights, log)
+    with log.phase("export"):
+        moe_tiles = json.dumps(tuning["expert_sink_moe"]) if "expert_sink_moe" in tuning else ""
+        programs = {"step": export_step(config, bc, impls, weights, device, dtype, moe_tiles)}
+        programs.update(export_encoders(config, bc, encoder_tensors, device, dtype))
+        log(f"programs: {sorted(programs)}")
+    ops = {}
+    for name in ("sheared_bias_attention", "kv_cache_write", "sconv", "sconv_kv_write", "expert_sink_moe"):
+        spec = plugins.get(name)
+        impl = impls.get(name, impls["sconv"] if "sconv" in name else impls["sheared_bias_attention"])
+        ops[name] = {
+            "impl": impl,
+            "version": spec.version,
+            "weight_layout_version": spec.weight_layout_version,
+        }
+    engine_config = {
+        "version": ENGINE_FORMAT_VERSION,
+        "pretrained_config": config.to_dict(),
+        "build_config": bc.to_dict(),
+        "plugin_config": {"impls": impls, "ops": ops, "tuning": tuning},
+        "mapping": {"world_size": bc.tp_size, "tp_size": bc.tp_size, "ep_size": 1, "rank": 0},
+        "quantization": config.quantization_config,
+        "device": bc.device,
+        "dtype": bc.dtype,
+        "cache_layout": {
+            "group_of_layer": list(CacheLayout.of(config).group_of_layer),
+            "slot_of_layer": list(CacheLayout.of(config).slot_of_layer),
+            "group_windows": list(CacheLayout.of(config).group_windows),
+            "pool_size": CacheLayout.of(config).pool_size,
+        },
+    }
+    return Engine(engine_config, weights, programs, tokenizer_json, generation_config, log.lines)
+
+
+def arrange_weights(
+    config: InklingConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Checkpoint tensors -> the engine's weights (step program) and the encoders' tensors.
+
+    Routed experts are gathered per layer and packed by the MoE plugin once the layer is complete;
+    shared experts are fused to w13 [S, 2I, H] and w2 [S, H, I]; MTP heads wait for their issue."""
+    from plugins.moe import pack_weights
+
+    weights: dict[str, torch.Tensor] = {}
+    encoders: dict[str, torch.Tensor] = {}
+    experts: dict[int, dict[tuple[int, str], dict[str, torch.Tensor]]] = {}
+    shared: dict[int, dict[tuple[int, str], torch.Tensor]] = {}
+    E, S = config.num_routed_experts, config.num_shared_experts
+    for name, tensor in tqdm(tensors, desc="weights", unit="tensor", leave=False, disable=None):
+        if name.startswith("mtp."):
+            continue  # the MTP issue adds the draft program
+        if name.startswith(("vision.", "audio.")):
+            encoders[name] = tensor.to(device=device, dtype=dtype)
+            continue
+        module = routed_expert_module(name) or routed_expert_module(name.rsplit(".", 1)[0] + ".weight")
+        if module is not None:
+            layer, expert, proj = _expert_key(module)
+            suffix = name[len(module) + 1 :]
+            experts.setdefault(layer, {}).setdefault((expert, proj), {})[suffix] = tensor.to(device)
+            if _layer_complete(experts[layer], E):
+                layer_experts = experts.pop(layer)
+                packed = pack_weights(
+                    [
+                        {f"{proj}.{k}": v for proj in PROJS for k, v in layer_experts[(e, proj)].items()}
+                        for e in range(E)
+                    ]
+                )
+                for key, value in packed.items():
+                    weights[f"model.layers.{layer}.mlp.experts_packed.{key}"] = value
+            continue
+        if ".mlp.shared_experts." in name:
+            layer = int(name.split(".")[2])
+            s, proj = int(name.split(".")[5]), name.split(".")[6]
+            shared.setdefault(layer, {})[(s, proj)] = tensor.to(device=device, dtype=dtype)
+            if len(shared[layer]) == 3 * S:
+                sh = shared.pop(layer)
+                p = f"model.layers.{layer}.mlp"
+                weights[f"{p}.shared_w13"] = torch.stack(
+                    [torch.cat([sh[(s, "gate_proj")], sh[(s, "up_proj")]]) for s in range(S)]
+                )
+                weights[f"{p}.shared_w2"] = torch.stack([sh[(s, "down_proj")] for s in range(S)])
+            continue
+        weights[name] = tensor.to(device=device, dtype=dtype)
+    if experts or shared:
+        raise BuildError(f"incomplete experts in layers {sorted(set(experts) | set(shared))}")
+    return weights, encoders
+
+
+def _expert_key(module: str) -> tuple[int, int, str]:
+    parts = module.split(".")
+    return int(parts[2]), int(parts[5]), parts[6]
+
+
+def _layer_complete(layer_experts: dict, num_experts: int) -> bool:
+    return len(layer_experts) == 3 * num_experts and all(len(v) == 4 for v in layer_experts.values())
+
+
+def tune_plugins(config, bc, impls, weights, log) -> dict:
+    """Kernel choices made once at build time and stored in the engine (no tuning at load)."""
+    out = {}
+    if impls["expert_sink_moe"] == "triton":
+        from plugins.moe import PACKED_NAMES
+        from plugins.moe.launcher import tune
+
+        p = "model.layers.0.mlp"
+        w = weights
+
+        def make_inputs(T: int) -> tuple:
+            x = torch.randn(
+                T,
+                config.hidden_size,
+                device=w[f"{p}.router.weight"].device,
+                dtype=w[f"{p}.router.weight"].dtype,
+            )
+            packed = [w[f"{p}.experts_packed.{k}"] for k in PACKED_NAMES]
+            return (x, w[f"{p}.router.weight"], *packed, w[f"{p}.shared_w13"], w[f"{p}.shared_w2"],
+                    config.num_routed_experts, config.num_experts_per_tok)  # fmt: skip
+
+        out["expert_sink_moe"] = tune(make_inputs, log=log)
+    return out
+
+
+def step_example(config: InklingConfig, bc: BuildConfig, device, dtype, num_blocks: int = 8):
+    """Example inputs for export: 2 sequences of 3 and 2 new tokens (sizes > 1 so nothing specialises)."""
+    layout = CacheLayout.of(config)
+    T, B, MB = 5, 2, bc.max_blocks_per_seq
+    S = config.sconv_kernel_size - 1 + bc.max_draft_len
+    slots = bc.max_batch_size
+    i32 = dict(dtype=torch.int32, device=device)
+    conv = []
+    for _ in range(config.num_hidden_layers):
+        for C in (config.kv_size, config.kv_size, config.hidden_size, config.hidden_size):
+            conv.append(torch.zeros(slots, S, C, dtype=dtype, device=device))
+    kv_shape = (num_blocks, bc.tokens_per_block, config.num_key_value_heads, config.head_dim)
+    block_tables = torch.zeros(layout.num_groups, B, MB, **i32)
+    block_tables[:, 1, 0] = 1
+    return dict(
+        input_ids=torch.tensor([1, 2, 3, 4, 5], device=device),
+        mm_embeds=torch.zeros(3, config.hidden_size, dtype=dtype, device=device),
+        mm_positions=torch.tensor([1, 2, T], device=device),
+        cu_seqlens_q=torch.tensor([0, 3, 5], **i32),
+        seq_lens=torch.tensor([3, 2], **i32),
+        block_tables=block_tables,
+        slot_mappings=torch.tensor([0, 1, 2, 16, 17], device=device).repeat(layout.num_groups, 1),
+        state_indices=torch.tensor([0, 1], **i32),
+        logits_indices=torch.tensor([2, 4], device=device),
+        key_caches=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(layout.pool_size)],
+        value_caches=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(layout.pool_size)],
+        conv_states=conv,
+    ), (T, B)
+
+
+def export_step(
+    config, bc, impls, weights, device, dtype, moe_tiles: str = ""
+) -> torch.export.ExportedProgram:
+    example, _ = step_example(config, bc, device, dtype)
+    T = Dim("num_tokens", min=2, max=bc.max_num_tokens)
+    B = Dim("batch", min=1, max=bc.max_batch_size)
+    N = Dim("num_logits", min=1, max=bc.max_num_tokens)
+    M = Dim("num_mm", min=1, max=bc.max_num_tokens + 1)
+    NB = Dim("num_blocks", min=2, max=MAX_BLOCKS_DIM)
+    layout = CacheLayout.of(config)
+    dynamic = {
+        "weights": {k: None for k in weights},
+        "input_ids": {0: T},
+        "mm_embeds": {0: M},
+        "mm_positions": {0: M},
+        "cu_seqlens_q": {0: B + 1},
+        "seq_lens": {0: B},
+        "block_tables": {1: B},
+        "slot_mappings": {1: T},
+        "state_indices": {0: B},
+        "logits_indices": {0: N},
+        "key_caches": [{0: NB}] * layout.pool_size,
+        "value_caches": [{0: NB}] * layout.pool_size,
+        "conv_states": [None] * len(example["conv_states"]),
+    }
+    module = StepProgram(config, bc, impls, moe_tiles)
+    with torch.no_grad():
+        return torch.export.export(module, (weights, *example.values()), dynamic_shapes=dynamic)
+
+
+def export_encoders(config, bc, tensors, device, dtype) -> dict[str, torch.export.ExportedProgram]:
+    """The hMLP stem and the dMel embedding, with their (small) weights inside the programs."""
+    out = {}
+    side = config.vision.max_image_side // 16
+    for name, module_cls, example, dims in (
+        ("vision", HMLP, torch.zeros(6, 16, 16, 3), {0: Dim("patches", min=1, max=side * side)}),
+        ("audio", Audio, torch.zeros(config.audio.num_mels, 8, dtype=torch.long), {1: config.audio.frame_stack * Dim("tokens", min=1, max=bc.max_input_len)}),
+    ):  # fmt: skip
+        with torch.device("meta"):
+            module = module_cls(config)
+        for key, value in tensors.items():
+            if key.startswith(f"{name}."):
+                mod_name, _, attr = key[len(name) + 1 :].rpartition(".")
+                mod_name = mod_name.removeprefix("hmlp").lstrip(".")
+                module.get_submodule(mod_name)._parameters[attr] = torch.nn.Parameter(
+                    value, requires_grad=False
+                )
+        example = example.to(device=device, dtype=dtype if example.is_floating_point() else example.dtype)
+        with torch.no_grad():
+            out[name] = torch.export.export(module.eval(), (example,), dynamic_shapes=(dims,))
+    return out

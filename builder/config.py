@@ -1,0 +1,114 @@
+"""BuildConfig and PluginConfig: what `trtllm-build`'s users know, for Inkling engines.
+
+Both are frozen dataclasses validated on construction and written into the engine's config.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("bfloat16", "float32")
+DEVICES = ("cpu", "cuda")
+PLUGINS = ("sheared_bias_attention", "sconv", "expert_sink_moe")
+
+
+class BuildError(ValueError):
+    """A build that cannot be made as asked."""
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise BuildError(msg)
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Which implementation each plugin op uses: "auto" picks triton on CUDA and reference elsewhere."""
+
+    sheared_bias_attention: str = "auto"
+    sconv: str = "auto"
+    expert_sink_moe: str = "auto"
+    fuse_sconv_kv_write: bool = True
+
+    def __post_init__(self) -> None:
+        for name in PLUGINS:
+            value = getattr(self, name)
+            _require(
+                value in ("auto", "reference", "triton"), f"plugin_config.{name}: unknown impl {value!r}"
+            )
+
+    def resolve(self, device: str) -> dict[str, str]:
+        """The concrete impl of each op for a device, with the reason (for the build log)."""
+        out = {}
+        for name in PLUGINS:
+            value = getattr(self, name)
+            if value == "auto":
+                value = "triton" if device == "cuda" else "reference"
+            _require(
+                value == "reference" or device == "cuda",
+                f"plugin_config.{name}=triton needs a CUDA engine (device is {device})",
+            )
+            out[name] = value
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    max_batch_size: int = 8
+    max_input_len: int = 1024
+    max_seq_len: int = 2048
+    max_num_tokens: int = 2048
+    max_draft_len: int = 8
+    tokens_per_block: int = 16
+    kv_cache_free_gpu_memory_fraction: float = 0.9
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    tp_size: int = 1
+    plugin_config: PluginConfig = field(default_factory=PluginConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.plugin_config, dict):
+            object.__setattr__(self, "plugin_config", PluginConfig(**self.plugin_config))
+        for name in (
+            "max_batch_size",
+            "max_input_len",
+            "max_seq_len",
+            "max_num_tokens",
+            "tokens_per_block",
+            "tp_size",
+        ):
+            _require(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
+        _require(
+            0 <= self.max_draft_len <= 8,
+            f"max_draft_len must be in 0..8 (8 MTP heads), got {self.max_draft_len}",
+        )
+        _require(self.max_input_len <= self.max_seq_len, "max_input_len must not exceed max_seq_len")
+        _require(self.max_num_tokens >= self.max_batch_size, "max_num_tokens must be at least max_batch_size")
+        _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
+        _require(
+            0 < self.kv_cache_free_gpu_memory_fraction <= 1,
+            f"kv_cache_free_gpu_memory_fraction must be in (0, 1], got {self.kv_cache_free_gpu_memory_fraction}",
+        )
+        _require(self.tp_size == 1, "tp_size > 1 is not supported yet (tensor-parallelism issue)")
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_seq_len // self.tokens_per_block)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["plugin_config"] = self.plugin_config.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BuildConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        _require(not unknown, f"unknown build_config fields {unknown}")
+        return cls(**d)

@@ -1,0 +1,223 @@
+"""The engine: everything the runtime needs and nothing else, saved atomically and checked at load.
+
+An engine directory holds (TensorRT-LLM's layout, DESIGN.md "Engine"):
+
+    config.json                 version, pretrained_config, build_config, plugin_config, mapping,
+                                quantization, device, dtype, programs, files (size and sha256)
+    rank0.safetensors           weights in the layout the plugin ops read
+    rank0.<program>.pt2         step programs exported with torch.export (weights are inputs)
+    tokenizer.json, generation_config.json
+    build.log
+
+Loading needs neither the checkpoint nor the model's Python code (only `plugins`, which registers the
+custom ops the programs call).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import plugins
+from inkling.config import InklingConfig
+
+from .config import BuildConfig
+
+ENGINE_FORMAT_VERSION = 1
+VERIFY_SHA256_BELOW = 1 << 30  # files larger than this are checked by size only (unless verify="full")
+
+
+class EngineError(ValueError):
+    """An engine directory that this version cannot load."""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class Engine:
+    config: dict[str, Any]
+    weights: dict[str, torch.Tensor]
+    programs: dict[str, torch.export.ExportedProgram]
+    tokenizer_json: str | None = None
+    generation_config: dict[str, Any] | None = None
+    build_log: list[str] = field(default_factory=list)
+
+    @property
+    def model_config(self) -> InklingConfig:
+        return InklingConfig.from_dict(self.config["pretrained_config"])
+
+    @property
+    def build_config(self) -> BuildConfig:
+        return BuildConfig.from_dict(self.config["build_config"])
+
+    @property
+    def device(self) -> str:
+        return self.config["device"]
+
+    # Saving.
+    def save(self, out_dir: str | os.PathLike, force: bool = False) -> None:
+        """Write atomically: into a temp dir beside `out_dir`, then rename."""
+        out_dir = os.path.abspath(os.fspath(out_dir))
+        if os.path.exists(out_dir) and os.listdir(out_dir) and not force:
+            raise EngineError(f"{out_dir} exists and is not empty (use force=True / --force to replace it)")
+        parent = os.path.dirname(out_dir)
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".engine-", dir=parent)
+        try:
+            self._write(tmp)
+            if os.path.exists(out_dir):
+                shutil.rmtree(out_dir)
+            os.rename(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _write(self, d: str) -> None:
+        files = {"rank0.safetensors": None}
+        save_file(
+            {k: v.contiguous().cpu() for k, v in self.weights.items()}, os.path.join(d, "rank0.safetensors")
+        )
+        for name, program in self.programs.items():
+            fname = f"rank0.{name}.pt2"
+            torch.export.save(program, os.path.join(d, fname))
+            files[fname] = None
+        if self.tokenizer_json is not None:
+            with open(os.path.join(d, "tokenizer.json"), "w") as f:
+                f.write(self.tokenizer_json)
+            files["tokenizer.json"] = None
+        if self.generation_config is not None:
+            with open(os.path.join(d, "generation_config.json"), "w") as f:
+                json.dump(self.generation_config, f, indent=2)
+            files["generation_config.json"] = None
+        with open(os.path.join(d, "build.log"), "w") as f:
+            f.write("\n".join(self.build_log) + "\n")
+        config = dict(self.config)
+        config["programs"] = sorted(self.programs)
+        config["files"] = {
+            name: {"size": os.path.getsize(os.path.join(d, name)), "sha256": _sha256(os.path.join(d, name))}
+            for name in files
+        }
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        self.config = config
+
+    # Loading.
+    @classmethod
+    def from_dir(
+        cls, engine_dir: str | os.PathLike, device: str | None = None, verify: str = "auto"
+    ) -> Engine:
+        """Load and check an engine: format version, plugin versions, device kind, files (sizes and hashes)."""
+        engine_dir = os.fspath(engine_dir)
+        config = read_engine_config(engine_dir)
+        check_compatible(config, device)
+        check_files(engine_dir, config, verify)
+        weights = {}
+        target = device or config["device"]
+        with safe_open(
+            os.path.join(engine_dir, "rank0.safetensors"), framework="pt", device=str(target)
+        ) as f:
+            for name in f.keys():
+                weights[name] = f.get_tensor(name)
+        programs = {}
+        for name in config["programs"]:
+            try:
+                programs[name] = torch.export.load(os.path.join(engine_dir, f"rank0.{name}.pt2"))
+            except Exception as e:  # a corrupt archive: say which file
+                raise EngineError(f"cannot load program {name!r} of engine {engine_dir}: {e}") from e
+        tok_path = os.path.join(engine_dir, "tokenizer.json")
+        gen_path = os.path.join(engine_dir, "generation_config.json")
+        return cls(
+            config=config,
+            weights=weights,
+            programs=programs,
+            tokenizer_json=open(tok_path).read() if os.path.exists(tok_path) else None,
+            generation_config=json.load(open(gen_path)) if os.path.exists(gen_path) else None,
+        )
+
+
+def read_engine_config(engine_dir: str) -> dict[str, Any]:
+    path = os.path.join(engine_dir, "config.json")
+    if not os.path.isdir(engine_dir):
+        raise EngineError(f"no engine directory at {engine_dir}")
+    if not os.path.exists(path):
+        raise EngineError(f"{engine_dir} is not an engine: no config.json (a partial or interrupted build?)")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise EngineError(f"{path} is corrupt: {e}") from e
+    for key in (
+        "version",
+        "pretrained_config",
+        "build_config",
+        "plugin_config",
+        "device",
+        "dtype",
+        "programs",
+        "files",
+    ):
+        if key not in config:
+            raise EngineError(f"{path} lacks {key!r}: not an engine of this tool, or a partial build")
+    return config
+
+
+def check_compatible(config: dict[str, Any], device: str | None) -> None:
+    if config["version"] != ENGINE_FORMAT_VERSION:
+        raise EngineError(
+            f"engine format version {config['version']} cannot be loaded by this version "
+            f"(format {ENGINE_FORMAT_VERSION}): rebuild the engine with `make engine`"
+        )
+    for name, recorded in config["plugin_config"]["ops"].items():
+        try:
+            spec = plugins.get(name)
+        except KeyError:
+            raise EngineError(f"engine uses plugin {name!r}, which this installation does not have") from None
+        if (
+            recorded["version"] != spec.version
+            or recorded.get("weight_layout_version") != spec.weight_layout_version
+        ):
+            raise EngineError(
+                f"engine built with plugin {name} version {recorded['version']} "
+                f"(weight layout {recorded.get('weight_layout_version')}), this installation has version "
+                f"{spec.version} (weight layout {spec.weight_layout_version}): rebuild the engine"
+            )
+    want = device or config["device"]
+    if config["device"] != want:
+        raise EngineError(
+            f"engine was built for {config['device']}, cannot run on {want}: rebuild it for {want}"
+        )
+    if want == "cuda" and not torch.cuda.is_available():
+        raise EngineError("engine was built for cuda but no CUDA device is available here")
+    if config["dtype"] not in ("bfloat16", "float32"):
+        raise EngineError(f"engine dtype {config['dtype']!r} is not supported")
+
+
+def check_files(engine_dir: str, config: dict[str, Any], verify: str = "auto") -> None:
+    """Every file the engine lists exists with its size; hashes checked for small files ("auto") or all ("full")."""
+    for name, meta in config["files"].items():
+        path = os.path.join(engine_dir, name)
+        if not os.path.exists(path):
+            raise EngineError(f"engine {engine_dir} is missing {name} (a partial copy?)")
+        size = os.path.getsize(path)
+        if size != meta["size"]:
+            raise EngineError(
+                f"engine file {name} has {size} bytes, expected {meta['size']} (truncated or replaced)"
+            )
+        if verify == "full" or (verify == "auto" and size < VERIFY_SHA256_BELOW):
+            if _sha256(path) != meta["sha256"]:
+                raise EngineError(f"engine file {name} is corrupt (sha256 mismatch)")

@@ -1,0 +1,192 @@
+"""A minimal engine runner: prefill and greedy decode for a batch of prompts.
+
+Enough to test engines against the reference model until the runtime (cache manager, scheduler,
+sampling) lands: each sequence gets enough blocks for its whole length in every layer group, and a
+sequence's state slot is its index in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+import plugins  # noqa: F401  (the programs call torch.ops.inkling.*)
+from inkling.processing import image_patches
+
+from .engine import Engine
+
+
+@dataclass
+class Prompt:
+    input_ids: torch.Tensor  # [T] int64
+    images: list[torch.Tensor] = field(default_factory=list)  # pixels [Hpx, Wpx, 3]
+    audios: list[torch.Tensor] = field(default_factory=list)  # dMel levels [num_mels, F]
+
+
+class EngineRunner:
+    def __init__(self, engine: Engine, num_blocks: int | None = None):
+        self.engine = engine
+        self.config = engine.model_config
+        self.build = engine.build_config
+        self.layout = engine.config["cache_layout"]
+        self.device = torch.device(engine.device)
+        self.dtype = getattr(torch, engine.config["dtype"])
+        self.weights = {k: v.to(self.device) for k, v in engine.weights.items()}
+        self.step = engine.programs["step"].module()
+        self.vision = engine.programs["vision"].module()
+        self.audio = engine.programs["audio"].module()
+        self.num_groups = len(self.layout["group_windows"])
+        bs, mb = self.build.tokens_per_block, self.build.max_blocks_per_seq
+        self.num_blocks = num_blocks or self.num_groups * self.build.max_batch_size * mb
+        c = self.config
+        kv_shape = (self.num_blocks, bs, c.num_key_value_heads, c.head_dim)
+        self.key_caches = [
+            torch.zeros(kv_shape, dtype=self.dtype, device=self.device)
+            for _ in range(self.layout["pool_size"])
+        ]
+        self.value_caches = [
+            torch.zeros(kv_shape, dtype=self.dtype, device=self.device)
+            for _ in range(self.layout["pool_size"])
+        ]
+        S = c.sconv_kernel_size - 1 + self.build.max_draft_len
+        self.conv_states = [
+            torch.zeros(self.build.max_batch_size, S, C, dtype=self.dtype, device=self.device)
+            for _ in range(c.num_hidden_layers)
+            for C in (c.kv_size, c.kv_size, c.hidden_size, c.hidden_size)
+        ]
+
+    # Media.
+    def media_embeddings(self, prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor]:
+        """(embeddings [M, H], positions [M]) of the prompt's image and audio pad tokens."""
+        c, ids = self.config, prompt.input_ids
+        rows, positions = [], []
+        for kind, items, program in (
+            ("image", prompt.images, self.vision),
+            ("audio", prompt.audios, self.audio),
+        ):
+            if not items:
+                continue
+            pos = (ids == c.token_id(f"{kind}_pad")).nonzero().flatten()
+            if kind == "image":
+                items = [image_patches(x) for x in items]
+            emb = torch.cat(
+                [program(x.to(self.device, self.dtype if x.is_floating_point() else x.dtype)) for x in items]
+            )
+            if emb.shape[0] != len(pos):
+                raise ValueError(f"{kind}s give {emb.shape[0]} embeddings for {len(pos)} pad tokens")
+            rows.append(emb.to(self.dtype))
+            positions.append(pos)
+        if not rows:
+            return torch.zeros(0, c.hidden_size, dtype=self.dtype, device=self.device), ids.new_zeros(0)
+        return torch.cat(rows), torch.cat(positions).to(self.device)
+
+    # Steps.
+    def _blocks(self, b: int, group: int) -> int:
+        """First block of sequence b in a group: every (group, sequence) owns a contiguous range."""
+        return (group * self.build.max_batch_size + b) * self.build.max_blocks_per_seq
+
+    def run_step(
+        self,
+        chunks: list[torch.Tensor],
+        starts: list[int],
+        media: list[tuple[torch.Tensor, torch.Tensor]],
+        all_logits: bool = False,
+        seq_ids: list[int] | None = None,
+    ):
+        """One step over new tokens `chunks[i]` that start at positions `starts[i]` of sequence
+        `seq_ids[i]` (default i), which owns state slot seq_ids[i] and its own blocks."""
+        dev, bs = self.device, self.build.tokens_per_block
+        B = len(chunks)
+        seq_ids = list(range(B)) if seq_ids is None else seq_ids
+        q_lens = [len(x) for x in chunks]
+        cu = torch.tensor([0] + q_lens, device=dev).cumsum(0).to(torch.int32)
+        seq_lens = torch.tensor([s + n for s, n in zip(starts, q_lens)], dtype=torch.int32, device=dev)
+        mb = self.build.max_blocks_per_seq
+        block_tables = torch.stack(
+            [
+                torch.stack([torch.arange(mb, dtype=torch.int32) + self._blocks(s, g) for s in seq_ids])
+                for g in range(self.num_groups)
+            ]
+        ).to(dev)
+        positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, q_lens)])
+        seq_of_token = torch.cat([torch.full((n,), b) for b, n in enumerate(q_lens)])
+        slots = torch.stack(
+            [
+                block_tables[g].cpu()[seq_of_token, positions // bs].long() * bs + positions % bs
+                for g in range(self.num_groups)
+            ]
+        ).to(dev)
+        T = int(cu[-1])
+        mm_rows, mm_pos = [], []
+        offset = 0
+        for b, (emb, pos) in enumerate(media):
+            keep = (pos >= starts[b]) & (pos < starts[b] + q_lens[b])
+            mm_rows.append(emb[keep])
+            mm_pos.append(pos[keep] - starts[b] + offset)
+            offset += q_lens[b]
+        mm_rows.append(torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=dev))
+        mm_pos.append(torch.tensor([T], device=dev))
+        logits_idx = torch.arange(T, device=dev) if all_logits else (cu[1:] - 1).long()
+        return self.step(
+            self.weights, torch.cat(chunks).to(dev), torch.cat(mm_rows), torch.cat(mm_pos).to(dev),
+            cu, seq_lens, block_tables, slots, torch.tensor(seq_ids, dtype=torch.int32, device=dev), logits_idx,
+            self.key_caches, self.value_caches, self.conv_states,
+        )  # fmt: skip
+
+    def reset(self) -> None:
+        for t in self.conv_states:
+            t.zero_()
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[Prompt],
+        max_new_tokens: int,
+        prefill_chunk: int | None = None,
+        return_logits: bool = False,
+    ):
+        """Greedy decoding. Prefill in chunks of `prefill_chunk` tokens per sequence (all at once by default).
+        Returns new tokens per prompt, and with return_logits the logits of every prompt position and step."""
+        if len(prompts) > self.build.max_batch_size:
+            raise ValueError(
+                f"{len(prompts)} prompts exceed the engine's max_batch_size {self.build.max_batch_size}"
+            )
+        self.reset()
+        real = self.engine_vocab()
+        media = [self.media_embeddings(p) for p in prompts]
+        lens = [len(p.input_ids) for p in prompts]
+        chunk = prefill_chunk or max(lens)
+        logits_seen: list[list[torch.Tensor]] = [[] for _ in prompts]
+        last = [None] * len(prompts)
+        for start in range(0, max(lens), chunk):
+            active = [b for b in range(len(prompts)) if start < lens[b]]
+            pieces = [prompts[b].input_ids[start : start + chunk] for b in active]
+            logits, _ = self.run_step(
+                pieces, [start] * len(active), [media[b] for b in active], all_logits=True, seq_ids=active
+            )
+            offset = 0
+            for b, piece in zip(active, pieces):
+                logits_seen[b].append(logits[offset : offset + len(piece)])
+                last[b] = logits[offset + len(piece) - 1]
+                offset += len(piece)
+        out = [[int(last[b][:real].argmax())] for b in range(len(prompts))]
+        empty = (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+        for step in range(1, max_new_tokens):
+            logits, _ = self.run_step(
+                [torch.tensor([o[-1]]) for o in out], [lens[b] + step - 1 for b in range(len(prompts))],
+                [(torch.zeros(0, self.config.hidden_size, dtype=self.dtype), empty[1])] * len(prompts),
+            )  # fmt: skip
+            for b in range(len(prompts)):
+                logits_seen[b].append(logits[b : b + 1])
+                out[b].append(int(logits[b, :real].argmax()))
+        if return_logits:
+            return out, [torch.cat(x) for x in logits_seen]
+        return out
+
+    def engine_vocab(self) -> int:
+        if self.engine.tokenizer_json is None:
+            return self.config.vocab_size
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(self.engine.tokenizer_json).get_vocab_size(with_added_tokens=True)

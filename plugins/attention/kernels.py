@@ -1,0 +1,457 @@
+"""Triton kernels of the sheared-bias attention plugin (`@triton.jit` code only; see launcher.py).
+
+One attention kernel serves prefill, chunked prefill, verify and decode. A program owns a tile of
+BLOCK_Q queries of one sequence for HEADS query heads that share one KV head (HEADS = 1 for long
+queries; HEADS = the GQA group for decode/verify, so the group's heads share each K/V tile: the
+tile's M dimension is HEADS * BLOCK_Q rows, head-major). It walks the KV tiles its queries may
+see (causal, and the window for sliding layers: tiles wholly outside are never visited and the
+block table is read only for allowed keys), optionally one split of them (flash-decoding).
+
+The relative term of a (query tile, key tile) pair needs the band of distances
+d0 .. d0 + BAND - 1 with d0 = first query position - last key position: r_tile @ E_band.T on
+the tensor cores ([M, BAND]), then sheared so that query row a, key column b reads band column
+a - b + BLOCK_N - 1 (a gather along the band axis). When every distance in the tile is at least
+R - 1 the term is r_i . E[R-1] per row, computed once per program.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _relative_band(
+    r,  # [M, DR] the tile's relative queries (M = HEADS * BLOCK_Q, head-major)
+    e_ptr,
+    stride_eh,
+    stride_er,
+    head0,
+    d0,  # distance of band column 0: first query position - last key position of the tile
+    R,
+    DR: tl.constexpr,
+    HEADS: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BAND: tl.constexpr,
+    BAND_3D: tl.constexpr,
+    SINGLE_QUERY: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The sheared relative term of one tile: [M, BLOCK_N] float32."""
+    offs_dr = tl.arange(0, DR)
+    a = tl.arange(0, BLOCK_Q)
+    b = tl.arange(0, BLOCK_N)
+    if SINGLE_QUERY:
+        # Decode: one query per head, so no shear: r_h . E[h, d0 + BLOCK_N - 1 - b] per head (a GEMV);
+        # rows a > 0 are padding and get a copy.
+        g = tl.arange(0, HEADS)
+        dist = tl.minimum(tl.maximum(d0 + (BLOCK_N - 1) - b, 0), R - 1)
+        e_offs = (
+            (head0 + g)[:, None, None] * stride_eh + dist[None, :, None] * stride_er + offs_dr[None, None, :]
+        )
+        e_rows = tl.load(e_ptr + e_offs).to(tl.float32)  # [HEADS, BLOCK_N, DR]
+        r0 = tl.reshape(r.to(tl.float32), [HEADS, BLOCK_Q, DR])
+        r0 = tl.sum(tl.where(a[None, :, None] == 0, r0, 0.0), axis=1)  # [HEADS, DR]: query 0 of each head
+        bias = tl.sum(r0[:, None, :] * e_rows, axis=2)  # [HEADS, BLOCK_N]
+        return tl.reshape(
+            tl.broadcast_to(bias[:, None, :], [HEADS, BLOCK_Q, BLOCK_N]), [HEADS * BLOCK_Q, BLOCK_N]
+        )
+    # Band column of (query a, key b); rows past the longest query clamp (they are masked rows).
+    col = tl.minimum(a[:, None] - b[None, :] + (BLOCK_N - 1), BAND - 1)  # [BLOCK_Q, BLOCK_N]
+    if BAND_3D:
+        # One band per head: a batched [HEADS] x ([BLOCK_Q, DR] @ [DR, BAND]) product.
+        g = tl.arange(0, HEADS)
+        c = tl.arange(0, BAND)
+        dist = tl.minimum(tl.maximum(d0 + c, 0), R - 1)
+        e_offs = (
+            (head0 + g)[:, None, None] * stride_eh + dist[None, :, None] * stride_er + offs_dr[None, None, :]
+        )
+        e_band = tl.load(e_ptr + e_offs)  # [HEADS, BAND, DR]
+        r3 = tl.reshape(r, [HEADS, BLOCK_Q, DR])
+        band = tl.dot(r3, tl.permute(e_band.to(r.dtype), (0, 2, 1)), input_precision=DOT_PRECISION)
+        idx = tl.broadcast_to(col[None, :, :], [HEADS, BLOCK_Q, BLOCK_N])
+        sheared = tl.gather(band, idx, axis=2)
+        return tl.reshape(sheared, [HEADS * BLOCK_Q, BLOCK_N])
+    else:
+        # Every head's band side by side ([HEADS * BAND] columns); a row gathers from its head's.
+        n = tl.arange(0, HEADS * BAND)
+        dist = tl.minimum(tl.maximum(d0 + n % BAND, 0), R - 1)
+        e_offs = (head0 + n // BAND)[:, None] * stride_eh + dist[:, None] * stride_er + offs_dr[None, :]
+        e_band = tl.load(e_ptr + e_offs)  # [HEADS * BAND, DR]
+        band = tl.dot(r, tl.trans(e_band.to(r.dtype)), input_precision=DOT_PRECISION)
+        m = tl.arange(0, HEADS * BLOCK_Q)
+        idx = (m // BLOCK_Q * BAND)[:, None] + tl.reshape(
+            tl.broadcast_to(col[None, :, :], [HEADS, BLOCK_Q, BLOCK_N]), [HEADS * BLOCK_Q, BLOCK_N]
+        )
+        return tl.gather(band, idx, axis=1)
+
+
+@triton.jit
+def _attend_tile(
+    t,
+    q,
+    r,
+    r_last,
+    pos,
+    row_ok,
+    m_i,
+    l_i,
+    acc,
+    lo,
+    hi,
+    first_pos,
+    seq,
+    head0,
+    kv_head,
+    e_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    stride_eh,
+    stride_er,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    R,
+    window,
+    qk_scale,
+    D: tl.constexpr,
+    DR: tl.constexpr,
+    HEADS: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BAND: tl.constexpr,
+    BAND_3D: tl.constexpr,
+    SINGLE_QUERY: tl.constexpr,
+    PAGE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One KV tile of the online softmax: returns the updated (m_i, l_i, acc)."""
+    offs_d = tl.arange(0, D)
+    j0 = t * BLOCK_N
+    offs_n = j0 + tl.arange(0, BLOCK_N)
+    kv_ok = (offs_n >= lo) & (offs_n < hi)
+    block = tl.load(block_table_ptr + seq * stride_bt + offs_n // PAGE, mask=kv_ok, other=0).to(tl.int64)
+    in_page = offs_n % PAGE
+    k_offs = block * stride_kb + in_page * stride_ks + kv_head * stride_kh
+    k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=kv_ok[None, :], other=0.0)
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, BLOCK_N], log2 units
+
+    d0 = first_pos - (j0 + BLOCK_N - 1)
+    if d0 >= R - 1:
+        s += r_last[:, None] * LOG2E
+    else:
+        bias = _relative_band(
+            r,
+            e_ptr,
+            stride_eh,
+            stride_er,
+            head0,
+            d0,
+            R,
+            DR,
+            HEADS,
+            BLOCK_Q,
+            BLOCK_N,
+            BAND,
+            BAND_3D,
+            SINGLE_QUERY,
+            DOT_PRECISION,
+        )
+        s += bias * LOG2E
+
+    dist = pos[:, None] - offs_n[None, :]
+    allowed = row_ok[:, None] & kv_ok[None, :] & (dist >= 0) & (dist < window)
+    s = tl.where(allowed, s, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v_offs = block * stride_vb + in_page * stride_vs + kv_head * stride_vh
+    v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def sheared_bias_attention_kernel(
+    q_ptr,  # [T, Hq, D]
+    r_ptr,  # [T, Hq, DR]
+    e_ptr,  # [Hq, R, DR]
+    k_cache_ptr,  # [NB, BS, Hkv, D]
+    v_cache_ptr,
+    block_table_ptr,  # int32 [B, MB]
+    cu_seqlens_q_ptr,  # int32 [B + 1]
+    seq_lens_ptr,  # int32 [B]
+    out_ptr,  # [T, Hq, D]
+    o_part_ptr,  # float32 [num_splits, T, Hq, D] (split mode only)
+    lse_part_ptr,  # float32 [num_splits, T, Hq], log2 domain (split mode only)
+    stride_qt,
+    stride_qh,
+    stride_rt,
+    stride_rh,
+    stride_eh,
+    stride_er,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    num_tokens,
+    num_q_heads,
+    num_splits,
+    R,
+    window,  # full attention: a window longer than any sequence
+    scale,
+    D: tl.constexpr,
+    DR: tl.constexpr,
+    GROUP: tl.constexpr,  # Hq // Hkv
+    HEADS: tl.constexpr,  # query heads per program: 1 or GROUP
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BAND: tl.constexpr,
+    BAND_3D: tl.constexpr,
+    SINGLE_QUERY: tl.constexpr,  # max_seqlen_q == 1: the relative term needs no shear
+    PAGE: tl.constexpr,  # tokens per cache block
+    SPLIT: tl.constexpr,  # num_splits > 1: write partial (o, lse) for split_kv_reduce_kernel
+    DOT_PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    M: tl.constexpr = HEADS * BLOCK_Q
+    q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest (causal) tiles start first
+    heads_per_seq = num_q_heads // HEADS
+    seq = tl.program_id(1) // heads_per_seq
+    head0 = (tl.program_id(1) % heads_per_seq) * HEADS
+    kv_head = head0 // GROUP
+    split = tl.program_id(2)
+
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_pos = seq_len - q_len + q_tile * BLOCK_Q  # position of the tile's query 0
+    last_pos = seq_len - q_len + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
+
+    offs_m = tl.arange(0, M)
+    a = offs_m % BLOCK_Q
+    heads = head0 + offs_m // BLOCK_Q
+    row_ok = q_tile * BLOCK_Q + a < q_len
+    tok = (q_start + q_tile * BLOCK_Q + a).to(tl.int64)
+    pos = first_pos + a
+    offs_d = tl.arange(0, D)
+    offs_dr = tl.arange(0, DR)
+
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    r = tl.load(
+        r_ptr + tok[:, None] * stride_rt + heads[:, None] * stride_rh + offs_dr[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    # r_i . E[R-1]: the whole relative term of tiles where every distance is clipped.
+    e_last = tl.load(e_ptr + heads[:, None] * stride_eh + (R - 1) * stride_er + offs_dr[None, :])
+    r_last = tl.sum(r.to(tl.float32) * e_last.to(tl.float32), axis=1)  # [M]
+
+    # Keys this tile may see: [lo, hi). Nothing below lo is read, not even its block-table entry.
+    hi = last_pos + 1
+    lo = tl.maximum(first_pos - window + 1, 0)
+    tile_lo = lo // BLOCK_N
+    tile_hi = tl.cdiv(hi, BLOCK_N)
+    tiles_per_split = tl.cdiv(tile_hi - tile_lo, num_splits)
+    my_lo = tile_lo + split * tiles_per_split
+    my_hi = tl.minimum(my_lo + tiles_per_split, tile_hi)
+
+    qk_scale = scale * LOG2E
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, D], tl.float32)
+    if INTERPRET:
+        # The CPU interpreter (numpy 2) cannot take computed loop bounds in range().
+        t = my_lo
+        while t < my_hi:
+            m_i, l_i, acc = _attend_tile(
+                t,
+                q,
+                r,
+                r_last,
+                pos,
+                row_ok,
+                m_i,
+                l_i,
+                acc,
+                lo,
+                hi,
+                first_pos,
+                seq,
+                head0,
+                kv_head,
+                e_ptr,
+                k_cache_ptr,
+                v_cache_ptr,
+                block_table_ptr,
+                stride_eh,
+                stride_er,
+                stride_kb,
+                stride_ks,
+                stride_kh,
+                stride_vb,
+                stride_vs,
+                stride_vh,
+                stride_bt,
+                R,
+                window,
+                qk_scale,
+                D,
+                DR,
+                HEADS,
+                BLOCK_Q,
+                BLOCK_N,
+                BAND,
+                BAND_3D,
+                SINGLE_QUERY,
+                PAGE,
+                DOT_PRECISION,
+            )
+            t += 1
+    else:
+        for t in range(my_lo, my_hi):
+            m_i, l_i, acc = _attend_tile(
+                t,
+                q,
+                r,
+                r_last,
+                pos,
+                row_ok,
+                m_i,
+                l_i,
+                acc,
+                lo,
+                hi,
+                first_pos,
+                seq,
+                head0,
+                kv_head,
+                e_ptr,
+                k_cache_ptr,
+                v_cache_ptr,
+                block_table_ptr,
+                stride_eh,
+                stride_er,
+                stride_kb,
+                stride_ks,
+                stride_kh,
+                stride_vb,
+                stride_vs,
+                stride_vh,
+                stride_bt,
+                R,
+                window,
+                qk_scale,
+                D,
+                DR,
+                HEADS,
+                BLOCK_Q,
+                BLOCK_N,
+                BAND,
+                BAND_3D,
+                SINGLE_QUERY,
+                PAGE,
+                DOT_PRECISION,
+            )
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    if not SPLIT:
+        o_ptrs = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # A split with no keys writes lse = -inf and o = 0: the reduce gives it no weight.
+        row = (split * num_tokens + tok) * num_q_heads + heads
+        tl.store(o_part_ptr + row[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
+        tl.store(lse_part_ptr + row, lse, mask=row_ok)
+
+
+@triton.jit
+def split_kv_reduce_kernel(
+    o_part_ptr,  # float32 [num_splits, T, Hq, D]
+    lse_part_ptr,  # float32 [num_splits, T, Hq], log2 domain
+    out_ptr,  # [T, Hq, D]
+    stride_ot,
+    stride_oh,
+    num_tokens,
+    num_q_heads,
+    num_splits,
+    D: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+):
+    """Combines the splits of one (token, head): o = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max)."""
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    s = tl.arange(0, SPLITS_P2)
+    row = (s * num_tokens + tok) * num_q_heads + head
+    lse = tl.load(lse_part_ptr + row, mask=s < num_splits, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)  # [SPLITS_P2]
+    offs_d = tl.arange(0, D)
+    o = tl.load(o_part_ptr + row[:, None] * D + offs_d[None, :], mask=(s < num_splits)[:, None], other=0.0)
+    total = tl.sum(w, axis=0)
+    total = tl.where(total == 0.0, 1.0, total)
+    out = tl.sum(w[:, None] * o, axis=0) / total
+    tl.store(out_ptr + tok * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def kv_cache_write_kernel(
+    k_ptr,  # [T, Hkv, D]
+    v_ptr,
+    k_cache_ptr,  # [NB, BS, Hkv, D]
+    v_cache_ptr,
+    slot_mapping_ptr,  # int64 [T], -1 = skip
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kcb,
+    stride_kcs,
+    stride_kch,
+    stride_vcb,
+    stride_vcs,
+    stride_vch,
+    HKV: tl.constexpr,
+    HKV_P2: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + tok)
+    if slot < 0:
+        return
+    block = slot // PAGE
+    in_page = slot % PAGE
+    h = tl.arange(0, HKV_P2)
+    d = tl.arange(0, D)
+    mask = (h < HKV)[:, None]
+    k = tl.load(k_ptr + tok * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
+    v = tl.load(v_ptr + tok * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+    kc = k_cache_ptr + block * stride_kcb + in_page * stride_kcs + h[:, None] * stride_kch + d[None, :]
+    vc = v_cache_ptr + block * stride_vcb + in_page * stride_vcs + h[:, None] * stride_vch + d[None, :]
+    tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)

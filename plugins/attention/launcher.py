@@ -1,0 +1,275 @@
+"""Launchers of the attention plugin's Triton kernels: check shapes, strides and dtypes, pick tiles,
+splits and the grid from host-side shapes only (no device sync, so the ops run inside CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..triton_utils import interpreting
+from . import kernels
+
+MAX_SPLITS = 64
+MIN_TILES_PER_SPLIT = 2
+FULL_WINDOW = 1 << 30  # what the kernel gets as the window of a full-attention layer
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tiles of one launch. heads = query heads per program (1, or the GQA group for decode/verify)."""
+
+    heads: int
+    block_q: int
+    block_n: int
+    num_splits: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "block_q", "block_n"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"AttentionConfig.{name} must be a power of two, got {v}")
+        if self.heads * self.block_q < 16 or self.block_n < 16:
+            raise ValueError("AttentionConfig: heads*block_q and block_n must be at least 16 (tl.dot)")
+        if not 1 <= self.num_splits <= MAX_SPLITS:
+            raise ValueError(f"AttentionConfig.num_splits must be in 1..{MAX_SPLITS}")
+
+
+@functools.cache
+def _num_sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return _num_sms_of(device.index if device.index is not None else torch.cuda.current_device())
+    return 4
+
+
+def choose_config(
+    num_seqs: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    max_seqlen_q: int,
+    max_kv_len: int,
+    num_sms: int,
+) -> AttentionConfig:
+    """Tiles and splits from shapes only: (batch, heads, max_seqlen_q, max KV length bucket).
+
+    max_kv_len is a bound known on the host (block-table capacity, or window + max_seqlen_q for
+    sliding layers); each split then takes its share of the tiles of the device-side seq_len.
+    """
+    group = num_q_heads // num_kv_heads
+    small = interpreting()  # CPU interpreter: small tiles keep tests fast and exercise tile edges
+    pow2_group = group & (group - 1) == 0
+    if pow2_group and max_seqlen_q * group <= 128 and max_seqlen_q <= 16:
+        # decode / verify: the GQA group's heads share every K/V tile
+        # (H200, bench/results/attention.md: decode block_n 128 beat 64 by 1.1-2x; verify 64 beat 128)
+        heads = group
+        block_q = max(triton.next_power_of_2(max_seqlen_q), triton.cdiv(16, group))
+        block_n = 16 if small else (128 if max_seqlen_q == 1 else 64)
+        num_warps, num_stages = 4, 2
+    else:
+        # (H200: 32x32 tiles with 2 warps were fastest of the four tried: the shear's gather spills less)
+        heads = 1
+        block_q = 16 if small else 32
+        block_n = 16 if small else 32
+        num_warps, num_stages = 2, 3
+    programs = triton.cdiv(max_seqlen_q, block_q) * num_seqs * (num_q_heads // heads)
+    kv_tiles = triton.cdiv(max(max_kv_len, 1), block_n)
+    num_splits = 1
+    target = 2 * num_sms
+    if programs < target:
+        num_splits = min(
+            triton.cdiv(target, programs), triton.cdiv(kv_tiles, MIN_TILES_PER_SPLIT), MAX_SPLITS
+        )
+        num_splits = max(num_splits, 1)
+    return AttentionConfig(
+        heads=heads,
+        block_q=block_q,
+        block_n=block_n,
+        num_splits=num_splits,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"sheared_bias_attention: {msg}")
+
+
+def sheared_bias_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    r: torch.Tensor,  # [T, Hq, Dr]
+    rel_embed: torch.Tensor,  # [Hq, R, Dr]
+    key_cache: torch.Tensor,  # [NB, BS, Hkv, D]
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,  # int32 [B, MB]
+    cu_seqlens_q: torch.Tensor,  # int32 [B + 1]
+    seq_lens: torch.Tensor,  # int32 [B]
+    max_seqlen_q: int,
+    window: int,
+    scale: float,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:
+    T, Hq, D = q.shape
+    NB, BS, Hkv, Dk = key_cache.shape
+    B = seq_lens.shape[0]
+    Dr = r.shape[-1]
+    R = rel_embed.shape[1]
+    _check(r.shape == (T, Hq, Dr), f"r {tuple(r.shape)} must be [T={T}, Hq={Hq}, Dr]")
+    _check(rel_embed.shape == (Hq, R, Dr), f"rel_embed {tuple(rel_embed.shape)} must be [Hq, R, Dr={Dr}]")
+    _check(Dk == D and value_cache.shape == key_cache.shape, "key/value cache must be [NB, BS, Hkv, D]")
+    _check(Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}")
+    _check(D & (D - 1) == 0 and Dr & (Dr - 1) == 0 and Dr >= 16, "D and Dr must be powers of two, Dr >= 16")
+    _check(BS & (BS - 1) == 0, f"block_size {BS} must be a power of two")
+    _check(q.dtype == r.dtype == key_cache.dtype == value_cache.dtype, "q, r and the caches share one dtype")
+    _check(q.dtype in (torch.bfloat16, torch.float16, torch.float32), f"unsupported dtype {q.dtype}")
+    _check(block_table.dtype == torch.int32 and block_table.dim() == 2, "block_table must be int32 [B, MB]")
+    _check(
+        cu_seqlens_q.dtype == torch.int32 and cu_seqlens_q.shape == (B + 1,),
+        "cu_seqlens_q must be int32 [B+1]",
+    )
+    _check(seq_lens.dtype == torch.int32 and block_table.shape[0] == B, "seq_lens must be int32 [B]")
+    for name, t in (
+        ("q", q),
+        ("r", r),
+        ("rel_embed", rel_embed),
+        ("key_cache", key_cache),
+        ("value_cache", value_cache),
+    ):
+        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim")
+    _check(block_table.stride(1) == 1, "block_table must be contiguous in its last dim")
+    cu_seqlens_q = cu_seqlens_q.contiguous()
+    seq_lens = seq_lens.contiguous()
+
+    out = torch.empty_like(q)
+    if T == 0 or B == 0:
+        return out
+    if config is None:
+        max_kv = block_table.shape[1] * BS
+        if window > 0:
+            max_kv = min(max_kv, window + max_seqlen_q - 1)
+        config = choose_config(B, Hq, Hkv, max_seqlen_q, max_kv, _num_sms(q.device))
+    group = Hq // Hkv
+    _check(config.heads in (1, group), f"config.heads must be 1 or the GQA group {group}")
+    band = triton.next_power_of_2(min(config.block_q, max_seqlen_q) + config.block_n - 1)
+    splits = config.num_splits
+    if splits > 1:
+        o_part = torch.empty((splits, T, Hq, D), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((splits, T, Hq), dtype=torch.float32, device=q.device)
+    else:
+        o_part = lse_part = out  # unused
+    grid = (triton.cdiv(max_seqlen_q, config.block_q), B * (Hq // config.heads), splits)
+    kernels.sheared_bias_attention_kernel[grid](
+        q,
+        r,
+        rel_embed,
+        key_cache,
+        value_cache,
+        block_table,
+        cu_seqlens_q,
+        seq_lens,
+        out,
+        o_part,
+        lse_part,
+        q.stride(0),
+        q.stride(1),
+        r.stride(0),
+        r.stride(1),
+        rel_embed.stride(0),
+        rel_embed.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        block_table.stride(0),
+        out.stride(0),
+        out.stride(1),
+        T,
+        Hq,
+        splits,
+        R,
+        window if window > 0 else FULL_WINDOW,
+        scale,
+        D=D,
+        DR=Dr,
+        GROUP=group,
+        HEADS=config.heads,
+        BLOCK_Q=config.block_q,
+        BLOCK_N=config.block_n,
+        BAND=band,
+        BAND_3D=config.heads > 1 and config.block_q >= 16,
+        SINGLE_QUERY=max_seqlen_q == 1,
+        PAGE=BS,
+        SPLIT=splits > 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        INTERPRET=interpreting(),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if splits > 1:
+        kernels.split_kv_reduce_kernel[(T, Hq)](
+            o_part,
+            lse_part,
+            out,
+            out.stride(0),
+            out.stride(1),
+            T,
+            Hq,
+            splits,
+            D=D,
+            SPLITS_P2=triton.next_power_of_2(splits),
+        )
+    return out
+
+
+def kv_cache_write(
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,
+    key_cache: torch.Tensor,  # [NB, BS, Hkv, D]
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # int64 [T]
+) -> None:
+    T, Hkv, D = k.shape
+    BS = key_cache.shape[1]
+    if not (v.shape == k.shape and key_cache.shape[2:] == (Hkv, D) and value_cache.shape == key_cache.shape):
+        raise ValueError("kv_cache_write: k, v [T, Hkv, D] and caches [NB, BS, Hkv, D] disagree")
+    if slot_mapping.shape != (T,) or slot_mapping.dtype != torch.int64:
+        raise ValueError("kv_cache_write: slot_mapping must be int64 [T]")
+    if D & (D - 1) or BS & (BS - 1):
+        raise ValueError("kv_cache_write: D and block_size must be powers of two")
+    for name, t in (("k", k), ("v", v), ("key_cache", key_cache), ("value_cache", value_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"kv_cache_write: {name} must be contiguous in its last dim")
+    if T == 0:
+        return
+    kernels.kv_cache_write_kernel[(T,)](
+        k,
+        v,
+        key_cache,
+        value_cache,
+        slot_mapping.contiguous(),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        HKV=Hkv,
+        HKV_P2=triton.next_power_of_2(Hkv),
+        D=D,
+        PAGE=BS,
+    )

@@ -1,0 +1,76 @@
+"""Plain-PyTorch references of the attention plugin's ops, on the paged cache, any device.
+
+Each sequence's keys are gathered through its block table (only the positions its queries may see,
+so freed sliding-window blocks are never touched) and handed to the spec's math,
+`inkling.ops.relative_attention`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from inkling.ops import relative_attention
+
+
+def kv_cache_write(
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,
+    key_cache: torch.Tensor,  # [NB, BS, Hkv, D], written in place
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # int64 [T], -1 = skip
+) -> None:
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    flat_k = key_cache.view(-1, *key_cache.shape[2:])
+    flat_v = value_cache.view(-1, *value_cache.shape[2:])
+    flat_k[slots] = k[keep].to(key_cache.dtype)
+    flat_v[slots] = v[keep].to(value_cache.dtype)
+
+
+def gather_kv(
+    cache: torch.Tensor,  # [NB, BS, Hkv, D]
+    block_table_row: torch.Tensor,  # [MB]
+    positions: torch.Tensor,  # [n] int64
+) -> torch.Tensor:
+    """The cache rows of one sequence's positions: [n, Hkv, D]."""
+    block_size = cache.shape[1]
+    blocks = block_table_row[positions // block_size].long()
+    return cache[blocks, positions % block_size]
+
+
+def sheared_bias_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    r: torch.Tensor,  # [T, Hq, Dr]
+    rel_embed: torch.Tensor,  # [Hq, R, Dr]
+    key_cache: torch.Tensor,  # [NB, BS, Hkv, D]
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,  # int32 [B, MB]
+    cu_seqlens_q: torch.Tensor,  # int32 [B + 1]
+    seq_lens: torch.Tensor,  # int32 [B]
+    max_seqlen_q: int,
+    window: int,
+    scale: float,
+) -> torch.Tensor:
+    out = torch.zeros_like(q)
+    # relative_attention scales by 1/sqrt(D); another scale is folded into q.
+    q_factor = scale * math.sqrt(q.shape[-1])
+    if abs(q_factor - 1.0) > 1e-6:
+        q = q * q_factor
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    for b, seq_len in enumerate(lens):
+        start, end = cu[b], cu[b + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        first = seq_len - q_len
+        lo = max(0, first - window + 1) if window > 0 else 0
+        positions = torch.arange(lo, seq_len, device=q.device)
+        k = gather_kv(key_cache, block_table[b], positions)
+        v = gather_kv(value_cache, block_table[b], positions)
+        # Keys start at position lo: shift the queries alike (distances, and so the result, are unchanged).
+        q_pos = torch.arange(first, seq_len, device=q.device) - lo
+        out[start:end] = relative_attention(q[start:end], k, v, r[start:end], rel_embed, window, q_pos=q_pos)
+    return out

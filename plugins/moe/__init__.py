@@ -1,0 +1,64 @@
+"""`inkling::expert_sink_moe`: the MoE of INKLING_SPEC §3.3 (before sconv_m) with NVFP4 routed experts.
+
+Routing: softmax over E+S in float32, top-k over the routed E (ties to the lower index), no
+renormalisation; y = Σ_s p_shared_s·Shared_s(x) + Σ_n w_n·Expert_idx_n(x), SwiGLU experts. Routed
+weights come in the layout of `pack.pack_weights()` (WEIGHT_LAYOUT_VERSION); shared experts are bf16.
+`tile_configs` is "" (built-in tiles) or the JSON of `launcher.tune()`'s table, chosen at build time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..registry import PluginSpec, check_impl, register
+from ..triton_utils import can_run_triton
+from . import reference
+from .pack import PACKED_NAMES, WEIGHT_LAYOUT_VERSION, pack_weights  # noqa: F401
+
+SPEC = register(
+    PluginSpec(
+        name="expert_sink_moe",
+        version=1,
+        weight_layout_version=WEIGHT_LAYOUT_VERSION,
+        doc="expert-sink MoE, NVFP4 W4A16 grouped GEMMs (§3.3, §9)",
+    )
+)
+
+
+@torch.library.custom_op("inkling::expert_sink_moe", mutates_args=())
+def expert_sink_moe(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w13_scale_2: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    w2_scale_2: torch.Tensor,
+    shared_w13: torch.Tensor,
+    shared_w2: torch.Tensor,
+    num_routed: int,
+    top_k: int,
+    tile_configs: str,
+    impl: str,
+) -> torch.Tensor:
+    check_impl(SPEC.name, impl)
+    args = (x, router_weight, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13, shared_w2)
+    if impl == "reference":
+        return reference.expert_sink_moe(*args, num_routed, top_k)
+    if not can_run_triton(x):
+        raise RuntimeError(
+            "inkling::expert_sink_moe impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1)"
+        )
+    from . import launcher
+
+    config = launcher.select_config(launcher.parse_table(tile_configs), x.shape[0])
+    return launcher.expert_sink_moe(*args, num_routed, top_k, config=config)
+
+
+@expert_sink_moe.register_fake
+def _expert_sink_moe_fake(
+    x, router_weight, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13, shared_w2,
+    num_routed, top_k, tile_configs, impl,
+):  # fmt: skip
+    return torch.empty_like(x)

@@ -1,0 +1,247 @@
+"""Triton kernels of `inkling::expert_sink_moe` (@triton.jit code only; launcher.py drives them).
+
+Rows. Each token t owns KS = top_k + S rows r = t*KS + j of the intermediate and output buffers:
+j < top_k for its routed choices, j = top_k + s for shared expert s. The combine sums a token's KS
+rows, so no atomics and a deterministic result.
+
+1. route_kernel (one program per token): softmax over E+S in float32, top-k over the routed E with
+   ties to the lower index, the routing weight of every row, and each choice's rank within its
+   expert (an atomic count per expert).
+2. align_kernel: experts' row ranges padded to BLOCK_M (prefix sums of the counts, recomputed by
+   every program), each routed row scattered to its place, and per block its expert and row count.
+   Every size comes from static bounds: blocks past the end get expert -1 and exit at once.
+3. moe_gemm_kernel: a grouped GEMM over those blocks, out^T = W @ A^T, so the dequantized weight
+   tile is the left operand and a block of few tokens is the right one (small BLOCK_M for decode).
+   NVFP4 weights are dequantized in registers (W4A16): E2M1 code -> fp16 bits, times the float32
+   block scale times the global scale, as INKLING_SPEC §9. The same kernel runs the bf16 shared
+   experts (ROUTED=False, NVFP4=False). GATED: gate and up tiles, SwiGLU epilogue (GEMM 1);
+   otherwise the rows are scaled by their routing weight (GEMM 2).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def route_kernel(
+    logits_ptr,  # [T, E+S], x @ router.T in the activation dtype
+    stride_lt,
+    topk_ids_ptr,  # int32 [T*TOP_K]
+    rank_ptr,  # int32 [T*TOP_K]
+    counts_ptr,  # int32 [E], zeroed
+    route_w_ptr,  # float32 [T*KS]
+    E,
+    TOP_K: tl.constexpr,
+    NUM_SHARED: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    KS: tl.constexpr = TOP_K + NUM_SHARED
+    t = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_E)
+    valid = offs < E + NUM_SHARED
+    z = tl.load(logits_ptr + t * stride_lt + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    p = tl.exp(z - tl.max(z, axis=0))
+    p = tl.where(valid, p, 0.0)
+    p = p / tl.sum(p, axis=0)
+    for s in tl.static_range(NUM_SHARED):
+        tl.store(route_w_ptr + t * KS + TOP_K + s, tl.sum(tl.where(offs == E + s, p, 0.0), axis=0))
+    pr = tl.where(offs < E, p, -1.0)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(pr, axis=0)
+        idx = tl.min(tl.where(pr == best, offs, BLOCK_E), axis=0)  # ties: the lower index
+        tl.store(route_w_ptr + t * KS + j, best)
+        tl.store(topk_ids_ptr + t * TOP_K + j, idx)
+        rank = tl.atomic_add(counts_ptr + idx, 1)
+        tl.store(rank_ptr + t * TOP_K + j, rank)
+        pr = tl.where(offs == idx, -1.0, pr)
+
+
+@triton.jit
+def align_kernel(
+    topk_ids_ptr,  # int32 [T*TOP_K]
+    rank_ptr,  # int32 [T*TOP_K]
+    counts_ptr,  # int32 [E]
+    sorted_rows_ptr,  # int32 [num_blocks*BLOCK_M]; padding entries are left unwritten
+    expert_ids_ptr,  # int32 [num_blocks]; -1 past the last used block
+    block_rows_ptr,  # int32 [num_blocks]; valid rows of each block
+    num_entries,
+    num_blocks,
+    num_entry_programs,
+    E,
+    TOP_K: tl.constexpr,
+    KS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_e = tl.arange(0, BLOCK_E)
+    e_mask = offs_e < E
+    cnt = tl.load(counts_ptr + offs_e, mask=e_mask, other=0)
+    padded = (cnt + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    end_e = tl.cumsum(padded, axis=0)
+    start_e = end_e - padded
+    if pid < num_entry_programs:
+        offs = pid * CHUNK + tl.arange(0, CHUNK)
+        m = offs < num_entries
+        e = tl.load(topk_ids_ptr + offs, mask=m, other=0)
+        rank = tl.load(rank_ptr + offs, mask=m, other=0)
+        start = tl.sum(tl.where(e[:, None] == offs_e[None, :], start_e[None, :], 0), axis=1)
+        row = (offs // TOP_K) * KS + offs % TOP_K
+        tl.store(sorted_rows_ptr + start + rank, row, mask=m)
+    else:
+        offs_b = (pid - num_entry_programs) * CHUNK + tl.arange(0, CHUNK)
+        b_mask = offs_b < num_blocks
+        pos = offs_b * BLOCK_M
+        ex = tl.sum(((end_e[None, :] <= pos[:, None]) & e_mask[None, :]).to(tl.int32), axis=1)
+        used = ex < E
+        sel = offs_e[None, :] == ex[:, None]
+        start = tl.sum(tl.where(sel, start_e[None, :], 0), axis=1)
+        c = tl.sum(tl.where(sel, cnt[None, :], 0), axis=1)
+        rows = tl.minimum(c - (pos - start), BLOCK_M)
+        tl.store(expert_ids_ptr + offs_b, tl.where(used, ex, -1), mask=b_mask)
+        tl.store(block_rows_ptr + offs_b, tl.where(used, rows, 0), mask=b_mask)
+
+
+@triton.jit
+def _weight_tile(
+    w_ptr,  # this expert's weights
+    ws_ptr,  # this expert's block scales (NVFP4)
+    global_scale,  # float32 scalar (NVFP4)
+    offs_n,
+    n_mask,
+    k0,
+    stride_wn,
+    stride_wsn,
+    NVFP4: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DTYPE: tl.constexpr,
+):
+    """[BLOCK_N, BLOCK_K] of W (rows offs_n, columns k0..k0+BLOCK_K-1) in DTYPE."""
+    if NVFP4:
+        offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        codes = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_b[None, :], mask=n_mask[:, None], other=0)
+        offs_s = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        scale = tl.load(
+            ws_ptr + offs_n[:, None] * stride_wsn + offs_s[None, :], mask=n_mask[:, None], other=0.0
+        )
+        # §9's float32(float32(scale) * scale_2), times 2^14 to undo the fp16 placement below.
+        scale = (scale.to(tl.float32) * global_scale) * 16384.0
+        scale = tl.reshape(
+            tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)), (BLOCK_N, BLOCK_K)
+        )
+        q = tl.reshape(tl.join(codes & 0xF, codes >> 4), (BLOCK_N, BLOCK_K))  # low nibble = even column
+        # E2M1 s.e1e0.m -> fp16 bits s.000e1e0.m000000000: exactly the E2M1 value times 2^-14
+        # (subnormals included), so the product below is bit-exact §9 in float32.
+        bits = ((q & 7).to(tl.uint16) << 9) | ((q & 8).to(tl.uint16) << 12)
+        w = bits.to(tl.float16, bitcast=True).to(tl.float32) * scale
+        return w.to(DTYPE)
+    else:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None], other=0.0)
+        return w.to(DTYPE)
+
+
+@triton.jit
+def moe_gemm_kernel(
+    a_ptr,  # GEMM 1: x [T, H] (row t); GEMM 2: h [T*KS, I] (row r)
+    stride_at,
+    w_ptr,  # NVFP4 codes [E, N(*2), K/2] or bf16 [S, N(*2), K]
+    stride_we,
+    stride_wn,
+    ws_ptr,  # block scales [E, N(*2), K/16] (NVFP4)
+    stride_wse,
+    stride_wsn,
+    wg_ptr,  # global scales [E, 2] (GATED) or [E] (NVFP4)
+    out_ptr,  # GEMM 1: h [T*KS, I]; GEMM 2: out [T*KS, H]
+    stride_ot,
+    sorted_rows_ptr,  # ROUTED: int32 rows r by expert block
+    expert_ids_ptr,
+    block_rows_ptr,
+    route_w_ptr,  # float32 [T*KS] (not GATED)
+    num_tokens,
+    N,
+    K: tl.constexpr,  # constexpr: the loop bound must be static (pipelining, and the interpreter)
+    TOP_K: tl.constexpr,
+    KS: tl.constexpr,
+    ROUTED: tl.constexpr,
+    NVFP4: tl.constexpr,
+    GATED: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    if ROUTED:
+        e = tl.load(expert_ids_ptr + pid_m)
+        if e < 0:
+            return
+        m_mask = offs_m < tl.load(block_rows_ptr + pid_m)
+        rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + offs_m, mask=m_mask, other=0)
+    else:
+        blocks_per_expert = tl.cdiv(num_tokens, BLOCK_M)
+        e = pid_m // blocks_per_expert
+        tok = (pid_m % blocks_per_expert) * BLOCK_M + offs_m
+        m_mask = tok < num_tokens
+        rows = tok * KS + TOP_K + e
+    if GATED:
+        a_rows = rows // KS
+    else:
+        a_rows = rows
+    a_rows = a_rows.to(tl.int64)
+    rows = rows.to(tl.int64)
+    e64 = e.to(tl.int64)
+    w_base = w_ptr + e64 * stride_we
+    ws_base = ws_ptr + e64 * stride_wse
+    if NVFP4:
+        if GATED:
+            g_gate = tl.load(wg_ptr + e64 * 2)
+            g_up = tl.load(wg_ptr + e64 * 2 + 1)
+        else:
+            g_gate = tl.load(wg_ptr + e64)
+            g_up = g_gate
+    else:
+        g_gate = 1.0
+        g_up = 1.0
+
+    DTYPE: tl.constexpr = a_ptr.dtype.element_ty
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[None, :] * stride_at + offs_k[:, None], mask=m_mask[None, :], other=0.0)
+        w = _weight_tile(
+            w_base, ws_base, g_gate, offs_n, n_mask, k0, stride_wn, stride_wsn, NVFP4, BLOCK_N, BLOCK_K, DTYPE
+        )
+        if IEEE:
+            acc = tl.dot(w, a, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, a, acc)
+        if GATED:
+            wu = _weight_tile(
+                w_base + N * stride_wn, ws_base + N * stride_wsn, g_up, offs_n, n_mask, k0,
+                stride_wn, stride_wsn, NVFP4, BLOCK_N, BLOCK_K, DTYPE,
+            )  # fmt: skip
+            if IEEE:
+                acc_u = tl.dot(wu, a, acc_u, input_precision="ieee")
+            else:
+                acc_u = tl.dot(wu, a, acc_u)
+
+    if GATED:
+        # SwiGLU in the activation dtype's spirit: silu(gate) * up, computed in float32.
+        out = acc / (1.0 + tl.exp(-acc)) * acc_u
+    else:
+        out = acc * tl.load(route_w_ptr + rows, mask=m_mask, other=0.0)[None, :]
+    tl.store(
+        out_ptr + rows[None, :] * stride_ot + offs_n[:, None],
+        out.to(out_ptr.dtype.element_ty),
+        mask=m_mask[None, :] & n_mask[:, None],
+    )

@@ -1,0 +1,235 @@
+"""Launcher of the expert-sink MoE Triton kernels: checks, buffers, grids and tile configs.
+
+Nothing here reads a device value on the host: every grid comes from shapes (T, E, top_k) and the
+config, so a call can be captured in a CUDA graph. The tile config is an argument; `tune()` picks
+one per token bucket at build time (the builder stores its JSON-able table in the engine), and
+`select_config()` reads that table at run time.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import torch
+import triton
+import triton.testing
+
+from . import kernels
+
+# One config per bucket of T (tokens per call). block_m is shared by both GEMMs (it sets the row
+# alignment); each GEMM has its own N/K tiles, warps and pipeline stages.
+DEFAULT_TABLE: dict = {
+    "version": 1,
+    "buckets": [
+        {"max_tokens": 16, "block_m": 16,
+         "gemm1": {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4},
+         "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}},
+        {"max_tokens": 128, "block_m": 16,
+         "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
+         "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}},
+        {"max_tokens": 1024, "block_m": 32,
+         "gemm1": {"block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
+         "gemm2": {"block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4}},
+        {"max_tokens": 1 << 30, "block_m": 64,
+         "gemm1": {"block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
+         "gemm2": {"block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3}},
+    ],
+}  # fmt: skip
+
+
+def select_config(table: dict | None, num_tokens: int) -> dict:
+    for bucket in (table or DEFAULT_TABLE)["buckets"]:
+        if num_tokens <= bucket["max_tokens"]:
+            return bucket
+    return (table or DEFAULT_TABLE)["buckets"][-1]
+
+
+@functools.lru_cache(maxsize=64)
+def parse_table(tile_configs: str) -> dict | None:
+    """The op's `tile_configs` string: "" for the defaults, else the JSON of a tune() table."""
+    return json.loads(tile_configs) if tile_configs else None
+
+
+def _fit_k(block_k: int, K: int) -> int:
+    while block_k > 32 and K % block_k:
+        block_k //= 2
+    if K % block_k:
+        raise ValueError(f"expert_sink_moe: reduction size {K} is not a multiple of 32")
+    return block_k
+
+
+def _gemm(
+    a, w, ws, wg, out, route, num_tokens, N, K, top_k, KS, block_m, cfg, *, routed, nvfp4, gated, grid_m
+):
+    sorted_rows, expert_ids, block_rows, route_w = route
+    block_k = _fit_k(min(cfg["block_k"], K), K)
+    dummy = w  # unused pointer arguments of a variant
+    grid = (grid_m, triton.cdiv(N, cfg["block_n"]))
+    kernels.moe_gemm_kernel[grid](
+        a, a.stride(0), w, w.stride(0), w.stride(1),
+        ws if nvfp4 else dummy, ws.stride(0) if nvfp4 else 0, ws.stride(1) if nvfp4 else 0,
+        wg if nvfp4 else dummy, out, out.stride(0),
+        sorted_rows, expert_ids, block_rows, route_w, num_tokens, N, K,
+        TOP_K=top_k, KS=KS, ROUTED=routed, NVFP4=nvfp4, GATED=gated, IEEE=a.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+
+
+def expert_sink_moe(
+    x: torch.Tensor,  # [T, H]
+    router_weight: torch.Tensor,  # [E+S, H]
+    w13: torch.Tensor,  # uint8 [E, 2I, H/2]
+    w13_scale: torch.Tensor,  # fp8 [E, 2I, H/16]
+    w13_scale_2: torch.Tensor,  # f32 [E, 2]
+    w2: torch.Tensor,  # uint8 [E, H, I/2]
+    w2_scale: torch.Tensor,  # fp8 [E, H, I/16]
+    w2_scale_2: torch.Tensor,  # f32 [E]
+    shared_w13: torch.Tensor,  # [S, 2I, H]
+    shared_w2: torch.Tensor,  # [S, H, I]
+    num_routed: int,
+    top_k: int,
+    config: dict | None = None,
+) -> torch.Tensor:
+    T, H = x.shape
+    E = num_routed
+    S = shared_w13.shape[0]
+    I = shared_w13.shape[1] // 2
+    KS = top_k + S
+    if w13.shape != (E, 2 * I, H // 2) or w2.shape != (E, H, I // 2):
+        raise ValueError(
+            f"expert_sink_moe: packed w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} do not match E={E}, H={H}, I={I}"
+        )
+    if router_weight.shape != (E + S, H) or shared_w2.shape != (S, H, I):
+        raise ValueError("expert_sink_moe: router or shared weights do not match E, S, H, I")
+    if x.stride(1) != 1 or not (
+        w13.is_contiguous()
+        and w2.is_contiguous()
+        and w13_scale.is_contiguous()
+        and w2_scale.is_contiguous()
+        and shared_w13.stride(2) == 1
+        and shared_w2.stride(2) == 1
+    ):
+        raise ValueError("expert_sink_moe: weights and x need unit stride on their last dimension")  # fmt: skip
+    cfg = config or select_config(None, T)
+    block_m = cfg["block_m"]
+    dev = x.device
+    y = torch.empty((T, H), dtype=x.dtype, device=dev)
+    if T == 0:
+        return y
+
+    logits = x @ router_weight.T.to(x.dtype)  # [T, E+S], as inkling.ops.route
+    counts = torch.zeros(E, dtype=torch.int32, device=dev)
+    topk_ids = torch.empty(T * top_k, dtype=torch.int32, device=dev)
+    rank = torch.empty_like(topk_ids)
+    route_w = torch.empty(T * KS, dtype=torch.float32, device=dev)
+    kernels.route_kernel[(T,)](
+        logits, logits.stride(0), topk_ids, rank, counts, route_w, E,
+        TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), num_warps=1 if E + S <= 512 else 4,
+    )  # fmt: skip
+
+    num_entries = T * top_k
+    num_blocks = triton.cdiv(num_entries, block_m) + min(E, num_entries)  # static bound
+    sorted_rows = torch.empty(num_blocks * block_m, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=dev)
+    block_rows = torch.empty(num_blocks, dtype=torch.int32, device=dev)
+    chunk = 64
+    entry_programs = triton.cdiv(num_entries, chunk)
+    kernels.align_kernel[(entry_programs + triton.cdiv(num_blocks, chunk),)](
+        topk_ids, rank, counts, sorted_rows, expert_ids, block_rows,
+        num_entries, num_blocks, entry_programs, E,
+        TOP_K=top_k, KS=KS, BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(E), CHUNK=chunk, num_warps=4,
+    )  # fmt: skip
+
+    route = (sorted_rows, expert_ids, block_rows, route_w)
+    h = torch.empty((T * KS, I), dtype=x.dtype, device=dev)
+    out = torch.empty((T * KS, H), dtype=x.dtype, device=dev)
+    shared_m = S * triton.cdiv(T, block_m)
+    g1, g2 = cfg["gemm1"], cfg["gemm2"]
+    common = dict(num_tokens=T, top_k=top_k, KS=KS, block_m=block_m)
+    routed = dict(route=route, routed=True, nvfp4=True, grid_m=num_blocks, **common)
+    dense = dict(route=route, routed=False, nvfp4=False, grid_m=shared_m, **common)
+    shared_triton = cfg.get("shared", "triton") == "triton"
+    _gemm(x, w13, w13_scale, w13_scale_2, h, N=I, K=H, cfg=g1, gated=True, **routed)
+    if shared_triton:
+        _gemm(x, shared_w13, None, None, h, N=I, K=H, cfg=g1, gated=True, **dense)
+    _gemm(h, w2, w2_scale, w2_scale_2, out, N=H, K=I, cfg=g2, gated=False, **routed)
+    if shared_triton:
+        _gemm(h, shared_w2, None, None, out, N=H, K=I, cfg=g2, gated=False, **dense)
+    else:
+        _shared_torch(x, shared_w13, shared_w2, route_w, out, top_k)
+    torch.sum(out.view(T, KS, H), dim=1, out=y)
+    return y
+
+
+def _shared_torch(x, shared_w13, shared_w2, route_w, out, top_k) -> None:
+    """The bf16 shared experts through cuBLAS (a tunable alternative to the Triton grouped GEMM)."""
+    T, H = x.shape
+    S, I2, _ = shared_w13.shape
+    I = I2 // 2
+    KS = top_k + S
+    hs = (x @ shared_w13.reshape(S * I2, H).T).view(T, S, I2)
+    hs = (hs[..., :I].float() * torch.sigmoid(hs[..., :I].float()) * hs[..., I:].float()).to(x.dtype)
+    ys = torch.bmm(hs.transpose(0, 1), shared_w2.transpose(1, 2))  # [S, T, H]
+    p = route_w.view(T, KS)[:, top_k:]  # [T, S]
+    out.view(T, KS, H)[:, top_k:] = (ys.transpose(0, 1).float() * p[..., None]).to(out.dtype)
+
+
+def _candidates(T: int) -> list[dict]:
+    """Configs worth timing for T tokens (a handful: tune() runs at build time, on the GPU)."""
+    if T <= 16:
+        tiles = [
+            (16, 16, 128, 4, 4),
+            (16, 32, 128, 4, 4),
+            (16, 16, 256, 4, 3),
+            (16, 32, 128, 4, 6),
+            (16, 32, 256, 4, 3),
+        ]
+    elif T <= 128:
+        tiles = [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 32, 256, 4, 3), (32, 64, 128, 4, 4)]
+    elif T <= 1024:
+        tiles = [(32, 128, 64, 4, 4), (64, 128, 64, 8, 4), (64, 128, 128, 8, 3)]
+    else:
+        tiles = [
+            (128, 128, 64, 8, 3),
+            (128, 128, 128, 8, 3),
+            (128, 256, 64, 8, 3),
+            (64, 256, 64, 8, 3),
+            (128, 128, 64, 4, 4),
+        ]
+    out = []
+    for m, n, k, warps, stages in tiles:
+        for shared in ("triton", "torch"):
+            g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
+            out.append({"block_m": m, "shared": shared, "gemm1": g, "gemm2": dict(g)})
+    return out
+
+
+def tune(
+    make_inputs, token_buckets=(16, 128, 1024, 1 << 30), sample_tokens=(1, 64, 512, 4096), log=print
+) -> dict:
+    """Time the candidate configs on the GPU and return a table for select_config (JSON-able).
+
+    make_inputs(T) -> the positional arguments of expert_sink_moe (without config) for T tokens.
+    Each bucket is tuned at its sample T; gemm1 and gemm2 keep the same tiles (one block_m).
+    """
+    table = {"version": 1, "buckets": []}
+    for max_tokens, T in zip(token_buckets, sample_tokens):
+        args = make_inputs(T)
+        best, best_ms = None, float("inf")
+        for cfg in _candidates(T):
+            try:
+                ms = _time(args, cfg)
+            except Exception as exc:  # a config that does not compile (shared memory) is skipped
+                log(f"tune T={T} {cfg}: failed ({type(exc).__name__})")
+                continue
+            log(f"tune T={T} {json.dumps(cfg)}: {ms * 1e3:.1f} us")
+            if ms < best_ms:
+                best, best_ms = cfg, ms
+        table["buckets"].append({"max_tokens": max_tokens, **best})
+    return table
+
+
+def _time(args: tuple, cfg: dict) -> float:
+    return triton.testing.do_bench(lambda: expert_sink_moe(*args, config=cfg), warmup=5, rep=20)

@@ -1,0 +1,187 @@
+"""Engines built from the tiny NVFP4 checkpoint against the reference model on the same checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from builder import BuildConfig, Engine, EngineError, EngineRunner, Prompt, build
+from inkling.demo import demo_png, demo_wav
+from inkling.model import InklingReference
+from inkling.processing import Processor
+from inkling.tokenizer import load_tokenizer
+
+SMALL = dict(max_batch_size=4, max_seq_len=256, max_input_len=256, max_num_tokens=512)
+
+
+@pytest.fixture(scope="session")
+def engine_f32(tiny_nvfp4_ckpt_dir, tmp_path_factory):
+    engine = build(tiny_nvfp4_ckpt_dir, BuildConfig(dtype="float32", **SMALL), echo=False)
+    path = tmp_path_factory.mktemp("engines") / "tiny-f32"
+    engine.save(path)
+    return engine, path
+
+
+@pytest.fixture(scope="session")
+def engine_bf16(tiny_nvfp4_ckpt_dir):
+    return build(tiny_nvfp4_ckpt_dir, BuildConfig(dtype="bfloat16", **SMALL), echo=False)
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_nvfp4_ckpt_dir):
+    return InklingReference.from_pretrained(tiny_nvfp4_ckpt_dir, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def prompts(tiny_nvfp4_ckpt_dir, reference):
+    """Text longer than the window (32) and R (64); a short one; image+audio; two images."""
+    proc = Processor(reference.config, load_tokenizer(tiny_nvfp4_ckpt_dir))
+    g = torch.Generator().manual_seed(0)
+    long_text = torch.randint(11, 1000, (90,), generator=g)
+    return [
+        Prompt(long_text),
+        Prompt(torch.randint(11, 1000, (3,), generator=g)),
+        _media(
+            proc("A picture <|image|> and a sound <|audio|>, described:", [demo_png(40, 24)], [demo_wav(0.5)])
+        ),
+        _media(proc("<|image|> versus <|image|>", [demo_png(16, 16), demo_png(50, 33)])),
+    ]
+
+
+def _media(p):
+    return Prompt(p.input_ids, list(p.images), list(p.audios))
+
+
+def reference_logits(model, prompt: Prompt, new_tokens: list[int]) -> torch.Tensor:
+    """Logits of every prompt position and of each generated token but the last, in one pass."""
+    ids = torch.cat([prompt.input_ids, torch.tensor(new_tokens[:-1], dtype=torch.long)])
+    with torch.no_grad():
+        logits, _ = model(ids, images=prompt.images or None, audios=prompt.audios or None)
+    return logits
+
+
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_float32_engine_equals_reference(engine_f32, reference, prompts, chunk):
+    runner = EngineRunner(engine_f32[0])
+    out, logits = runner.generate(prompts, 5, prefill_chunk=chunk, return_logits=True)
+    for b, prompt in enumerate(prompts):
+        want = reference_logits(reference, prompt, out[b])
+        torch.testing.assert_close(logits[b], want, rtol=1e-4, atol=1e-4)
+        greedy = reference.generate(
+            prompt.input_ids, 5, images=prompt.images or None, audios=prompt.audios or None, stop_ids=[]
+        )
+        assert out[b] == greedy.tolist()
+
+
+def test_bf16_engine_close_to_float32_reference(engine_bf16, reference, prompts):
+    """bf16 activations: stated tolerance on logits, and top-1 agreement over the prompt positions."""
+    runner = EngineRunner(engine_bf16)
+    out, logits = runner.generate(prompts, 3, return_logits=True)
+    for b, prompt in enumerate(prompts):
+        want = reference_logits(reference, prompt, out[b])
+        rel = ((logits[b] - want).norm() / want.norm()).item()
+        agree = (logits[b].argmax(-1) == want.argmax(-1)).float().mean().item()
+        assert rel < 0.03, f"prompt {b}: bf16 relative logit error {rel:.4f}"
+        assert agree > 0.9, f"prompt {b}: bf16 top-1 agreement {agree:.2f}"
+
+
+def test_engine_reloaded_in_a_fresh_process_gives_the_same_logits(engine_f32, prompts, tmp_path):
+    engine, path = engine_f32
+    _, logits = EngineRunner(engine).generate(prompts[:2], 2, return_logits=True)
+    script = (
+        "import sys, torch; from builder import Engine, EngineRunner, Prompt\n"
+        "ids = torch.load(sys.argv[2])\n"
+        "_, logits = EngineRunner(Engine.from_dir(sys.argv[1])).generate([Prompt(i) for i in ids], 2, return_logits=True)\n"
+        "torch.save(logits, sys.argv[3])\n"
+    )
+    torch.save([p.input_ids for p in prompts[:2]], tmp_path / "ids.pt")
+    subprocess.run(
+        [sys.executable, "-c", script, str(path), str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")],
+        check=True,
+    )
+    for a, b in zip(logits, torch.load(tmp_path / "out.pt")):
+        assert torch.equal(a, b)
+
+
+def test_engine_is_self_describing(engine_f32):
+    _, path = engine_f32
+    config = json.loads((path / "config.json").read_text())
+    assert config["version"] == 1 and config["device"] == "cpu" and config["dtype"] == "float32"
+    assert config["plugin_config"]["ops"]["expert_sink_moe"]["weight_layout_version"] == 1
+    assert config["quantization"]["quant_algo"] == "NVFP4"
+    assert set(config["files"]) >= {"rank0.safetensors", "rank0.step.pt2", "tokenizer.json"}
+    assert "phase export" in (path / "build.log").read_text()
+
+
+def _copy(path, tmp_path):
+    dst = tmp_path / "engine"
+    shutil.copytree(path, dst)
+    return dst
+
+
+def _edit_config(path, **changes):
+    config = json.loads((path / "config.json").read_text())
+    for key, value in changes.items():
+        node = config
+        *parents, leaf = key.split("__")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    (path / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda p: _edit_config(p, version=99), "format version 99"),
+        (
+            lambda p: _edit_config(p, plugin_config__ops__sheared_bias_attention__version=0),
+            "plugin sheared_bias_attention version 0",
+        ),
+        (
+            lambda p: _edit_config(p, plugin_config__ops__expert_sink_moe__weight_layout_version=7),
+            "weight layout 7",
+        ),
+        (lambda p: _edit_config(p, device="cuda"), "built for cuda"),
+        (lambda p: (p / "rank0.step.pt2").unlink(), "missing rank0.step.pt2"),
+        (lambda p: (p / "config.json").unlink(), "no config.json"),
+        (lambda p: (p / "config.json").write_text("{"), "corrupt"),
+        (lambda p: os.truncate(p / "rank0.safetensors", 100), "truncated"),
+        (lambda p: _flip_byte(p / "rank0.safetensors"), "sha256 mismatch"),
+    ],
+)
+def test_load_time_errors(engine_f32, tmp_path, damage, message):
+    path = _copy(engine_f32[1], tmp_path)
+    damage(path)
+    with pytest.raises(EngineError, match=message):
+        Engine.from_dir(path, device="cpu")
+
+
+def _flip_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_cuda_engine_refused_without_cuda(engine_f32, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(EngineError, match="cannot run on cuda|no CUDA device"):
+        Engine.from_dir(engine_f32[1], device="cuda")
+
+
+def test_save_refuses_to_overwrite(engine_f32):
+    engine, path = engine_f32
+    with pytest.raises(EngineError, match="exists"):
+        engine.save(path)
+
+
+def test_bf16_checkpoint_must_be_converted_first(tiny_ckpt_dir):
+    with pytest.raises(ValueError, match="convert it first"):
+        build(tiny_ckpt_dir, BuildConfig(**SMALL), echo=False)

@@ -1,0 +1,347 @@
+"""Sheared-bias attention and kv_cache_write: Triton ⇄ reference op ⇄ spec math (inkling.ops).
+
+On the CPU the Triton kernels run in the interpreter (conftest.py), in float32 and at small shapes;
+the larger sweeps, bf16 and CUDA graphs are `gpu`-marked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import plugins  # noqa: F401  (registers the ops)
+from inkling.ops import relative_attention
+from plugins.attention import launcher
+from plugins.attention.launcher import AttentionConfig
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+@dataclass
+class Batch:
+    q: torch.Tensor
+    r: torch.Tensor
+    rel_embed: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_table: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seq_lens: torch.Tensor
+    max_seqlen_q: int
+    window: int
+    scale: float
+    truth: torch.Tensor  # the spec's math per sequence on unpaged K/V, float32
+
+    def args(self):
+        return (
+            self.q,
+            self.r,
+            self.rel_embed,
+            self.key_cache,
+            self.value_cache,
+            self.block_table,
+            self.cu_seqlens_q,
+            self.seq_lens,
+            self.max_seqlen_q,
+            self.window,
+            self.scale,
+        )
+
+
+def make_batch(
+    seqs: list[tuple[int, int]],  # (seq_len, q_len) per sequence
+    hq: int = 2,
+    hkv: int = 1,
+    d: int = 32,
+    dr: int = 16,
+    rel: int = 64,
+    window: int = 0,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    device: str = DEVICE,
+    seed: int = 0,
+) -> Batch:
+    """A paged batch: shuffled block ids, NaN in every cache row no sequence owns, and for sliding
+    windows the blocks before every query's window freed (-1 in the table, NaN in the cache)."""
+    g = torch.Generator().manual_seed(seed)
+    rel_embed = torch.randn(hq, rel, dr, generator=g) * 0.3
+    blocks_per_seq = [math.ceil(n / block_size) for n, _ in seqs]
+    num_blocks = sum(blocks_per_seq) + 3  # the last one stays NaN
+    max_blocks = max(blocks_per_seq) + 1
+    key_cache = torch.full((num_blocks, block_size, hkv, d), float("nan"))
+    value_cache = torch.full_like(key_cache, float("nan"))
+    block_table = torch.full((len(seqs), max_blocks), -1, dtype=torch.int32)
+    ids = torch.randperm(num_blocks - 1, generator=g).tolist()
+    qs, rs, truths = [], [], []
+    for b, (seq_len, q_len) in enumerate(seqs):
+        k = torch.randn(seq_len, hkv, d, generator=g)
+        v = torch.randn(seq_len, hkv, d, generator=g)
+        q = torch.randn(q_len, hq, d, generator=g)
+        r = torch.randn(q_len, hq, dr, generator=g)
+        cast = [t.to(dtype).float() for t in (q, k, v, r)]
+        truths.append(relative_attention(*cast[:3], cast[3], rel_embed.to(dtype).float(), window))
+        qs.append(q)
+        rs.append(r)
+        lo = max(0, seq_len - q_len - window + 1) if window > 0 else 0
+        for n in range(blocks_per_seq[b]):
+            blk = ids.pop()
+            rows = slice(n * block_size, min((n + 1) * block_size, seq_len))
+            if window > 0 and (n + 1) * block_size <= lo:
+                # freed: the entry is -1 or names a block of NaN rows (a reused id), never read
+                block_table[b, n] = -1 if n % 2 else num_blocks - 1
+                continue
+            block_table[b, n] = blk
+            key_cache[blk, : rows.stop - rows.start] = k[rows]
+            value_cache[blk, : rows.stop - rows.start] = v[rows]
+    q_lens = torch.tensor([n for _, n in seqs])
+    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(q_lens, 0)
+    return Batch(
+        q=torch.cat(qs).to(device, dtype),
+        r=torch.cat(rs).to(device, dtype),
+        rel_embed=rel_embed.to(device, dtype),
+        key_cache=key_cache.to(device, dtype),
+        value_cache=value_cache.to(device, dtype),
+        block_table=block_table.to(device),
+        cu_seqlens_q=cu.to(device),
+        seq_lens=torch.tensor([n for n, _ in seqs], dtype=torch.int32, device=device),
+        max_seqlen_q=int(q_lens.max()),
+        window=window,
+        scale=1.0 / math.sqrt(d),
+        truth=torch.cat(truths).to(device),
+    )
+
+
+def attention(batch: Batch, impl: str) -> torch.Tensor:
+    return torch.ops.inkling.sheared_bias_attention(*batch.args(), impl)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    assert torch.isfinite(out).all(), "non-finite output"
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= tol, f"max abs error {err:.3g} > {tol}"
+
+
+PREFILL = [(37, 37), (1, 1), (50, 50)]
+CHUNKED = [(90, 23), (70, 5), (33, 33), (17, 1)]
+VERIFY = [(80, 9), (65, 1), (100, 4), (9, 9), (48, 7)]
+DECODE = [(130, 1), (7, 1), (64, 1), (1, 1)]
+
+
+# --- the reference op against the spec's math ---------------------------------------------------
+
+
+@pytest.mark.parametrize("window", [0, 32])
+@pytest.mark.parametrize(
+    "seqs", [PREFILL, CHUNKED, VERIFY, DECODE], ids=["prefill", "chunked", "verify", "decode"]
+)
+def test_reference_matches_spec(seqs, window):
+    batch = make_batch(seqs, hq=8, hkv=2, window=window, device="cpu")
+    assert_close(attention(batch, "reference"), batch.truth, 1e-5)
+
+
+def test_reference_scale_is_applied():
+    batch = make_batch(PREFILL, device="cpu")
+    batch.scale *= 2.0
+    batch.q /= 2.0
+    assert_close(attention(batch, "reference"), batch.truth, 1e-5)
+
+
+# --- the Triton kernel against the reference (interpreter on CPU) -------------------------------
+
+CASES = [
+    # (name, seqs, hq, hkv, window, block_size, rel)
+    ("prefill-full", PREFILL, 2, 1, 0, 16, 64),
+    ("prefill-sliding", PREFILL, 2, 1, 32, 16, 64),
+    ("prefill-long-clipped", [(150, 150)], 2, 1, 0, 16, 64),
+    ("prefill-long-sliding", [(150, 150)], 2, 1, 32, 8, 64),
+    ("chunked-full", CHUNKED, 4, 2, 0, 16, 64),
+    ("chunked-sliding", CHUNKED, 4, 2, 32, 32, 64),
+    ("small-R", CHUNKED, 2, 1, 0, 8, 8),
+    ("verify-8/2", VERIFY, 8, 2, 0, 16, 64),
+    ("verify-8/2-sliding", VERIFY, 8, 2, 32, 16, 64),
+    ("verify-2/1", [(80, 8), (30, 3), (77, 1)], 2, 1, 32, 16, 64),
+    ("decode-8/2", DECODE, 8, 2, 0, 16, 64),
+    ("decode-2/1-sliding", DECODE, 2, 1, 32, 8, 64),
+]
+
+
+@pytest.mark.parametrize("name,seqs,hq,hkv,window,block_size,rel", CASES, ids=[c[0] for c in CASES])
+def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
+    batch = make_batch(seqs, hq=hq, hkv=hkv, window=window, block_size=block_size, rel=rel)
+    ref = attention(batch, "reference")
+    assert_close(ref, batch.truth, 1e-5)
+    assert_close(attention(batch, "triton"), ref, 1e-4)
+
+
+@pytest.mark.parametrize(
+    "seqs,window,config",
+    [
+        (DECODE, 0, AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=3)),
+        (DECODE, 32, AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=7)),
+        (VERIFY, 0, AttentionConfig(heads=4, block_q=16, block_n=16, num_splits=4)),
+        (VERIFY[:3], 32, AttentionConfig(heads=1, block_q=16, block_n=32, num_splits=2)),
+        (CHUNKED[:2], 0, AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=5)),
+        # the GPU defaults' tile shapes (launcher.choose_config off the interpreter)
+        ([(70, 70), (9, 2)], 32, AttentionConfig(heads=1, block_q=32, block_n=32, num_splits=1, num_warps=2)),
+        ([(300, 1), (5, 1)], 0, AttentionConfig(heads=4, block_q=4, block_n=128, num_splits=2)),
+    ],
+    ids=[
+        "decode",
+        "decode-sliding",
+        "verify-packed",
+        "verify-unpacked",
+        "chunked",
+        "prefill-32x32",
+        "decode-bn128",
+    ],
+)
+def test_split_kv(seqs, window, config):
+    """Split-KV (flash-decoding) with splits that do not divide the tiles, and empty splits."""
+    batch = make_batch(seqs, hq=8, hkv=2, window=window)
+    out = launcher.sheared_bias_attention(*batch.args(), config=config)
+    assert_close(out, batch.truth, 1e-4)
+
+
+def test_triton_head_dim_128():
+    batch = make_batch([(40, 3), (21, 1)], hq=8, hkv=2, d=128, dr=32, window=32)
+    assert_close(attention(batch, "triton"), batch.truth, 1e-4)
+
+
+def test_choose_config_is_shape_only():
+    decode = launcher.choose_config(1, 64, 8, 1, 1 << 20, num_sms=132)
+    assert decode.heads == 8 and decode.num_splits > 1
+    prefill = launcher.choose_config(4, 64, 8, 4096, 4096, num_sms=132)
+    assert prefill.heads == 1 and prefill.num_splits == 1
+    verify = launcher.choose_config(2, 64, 8, 9, 8192, num_sms=132)
+    assert verify.heads == 8 and verify.block_q == 16
+
+
+# --- kv_cache_write ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_kv_cache_write(impl):
+    g = torch.Generator().manual_seed(1)
+    T, hkv, d, nb, bs = 11, 2, 32, 5, 4
+    k = torch.randn(T, hkv, d, generator=g)
+    v = torch.randn(T, hkv, d, generator=g)
+    slots = torch.randperm(nb * bs, generator=g)[:T]
+    slots[[2, 7]] = -1
+    key_cache = torch.randn(nb, bs, hkv, d, generator=g)
+    value_cache = torch.randn(nb, bs, hkv, d, generator=g)
+    want_k, want_v = key_cache.clone(), value_cache.clone()
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            want_k[s // bs, s % bs] = k[t]
+            want_v[s // bs, s % bs] = v[t]
+    dev = [x.to(DEVICE) for x in (k, v, key_cache, value_cache, slots)]
+    torch.ops.inkling.kv_cache_write(*dev, impl)
+    assert torch.equal(dev[2].cpu(), want_k) and torch.equal(dev[3].cpu(), want_v)
+
+
+# --- registration and export ---------------------------------------------------------------------
+
+
+def test_ops_registered_with_fakes():
+    from plugins import registry
+
+    assert registry.get("sheared_bias_attention").version >= 1
+    assert registry.get("kv_cache_write").version >= 1
+    batch = make_batch(CHUNKED, hq=8, hkv=2, window=32, device="cpu")
+    torch.library.opcheck(
+        torch.ops.inkling.sheared_bias_attention.default,
+        (*batch.args(), "reference"),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    with pytest.raises(ValueError):
+        torch.ops.inkling.sheared_bias_attention(*batch.args(), "cuda-magic")
+
+
+# --- GPU: bf16, default tiles, larger sweeps, CUDA graphs ----------------------------------------
+
+GPU_CASES = [
+    ("prefill-8/1", [(700, 700), (1, 1), (333, 333)], 8, 1, 0, 16),
+    ("prefill-sliding", [(1000, 1000), (129, 129)], 8, 2, 256, 16),
+    ("chunked", [(900, 300), (513, 64), (70, 70)], 8, 2, 0, 64),
+    ("chunked-sliding", [(900, 300), (513, 64), (70, 70)], 8, 2, 128, 32),
+    ("verify", [(2000, 9), (17, 9), (300, 5), (1, 1)], 8, 1, 0, 16),
+    ("verify-sliding", [(2000, 9), (17, 9), (300, 5)], 8, 2, 256, 16),
+    ("decode", [(5000, 1), (3, 1), (257, 1)], 8, 1, 0, 16),
+    ("decode-sliding", [(5000, 1), (3, 1), (257, 1)], 16, 2, 512, 128),
+    ("decode-2/1", [(3000, 1), (64, 1)], 2, 1, 0, 16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name,seqs,hq,hkv,window,block_size", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_gpu_matches_spec_bf16(name, seqs, hq, hkv, window, block_size):
+    _check_gpu(seqs, hq, hkv, window, block_size, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("case", [0, 3, 4, 6], ids=[GPU_CASES[i][0] for i in (0, 3, 4, 6)])
+def test_gpu_matches_spec_fp32(case):
+    """float32 with IEEE dots (slow to compile: a few cases only)."""
+    _, seqs, hq, hkv, window, block_size = GPU_CASES[case]
+    _check_gpu(seqs, hq, hkv, window, block_size, torch.float32)
+
+
+def _check_gpu(seqs, hq, hkv, window, block_size, dtype):
+    batch = make_batch(
+        seqs, hq=hq, hkv=hkv, d=128, dr=32, rel=512, window=window, block_size=block_size, dtype=dtype
+    )
+    out = attention(batch, "triton")
+    tol = 3e-2 if dtype == torch.bfloat16 else 2e-4
+    assert_close(out, batch.truth, tol)
+    assert_close(attention(batch, "reference"), batch.truth, tol)
+
+
+GPU_CONFIGS = [
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, num_warps=4, num_stages=2),
+    AttentionConfig(heads=1, block_q=32, block_n=32, num_splits=3, num_warps=2, num_stages=3),
+    AttentionConfig(heads=8, block_q=16, block_n=128, num_splits=5),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=["64x64", "32x32-split", "verify-bn128"])
+def test_gpu_tile_variants(config):
+    batch = make_batch(
+        [(900, 9), (300, 5), (17, 1)], hq=8, hkv=1, d=128, dr=32, rel=512, dtype=torch.bfloat16
+    )
+    assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_cuda_graph_decode():
+    """Captured once, replayed with other lengths and contents: no host sync, fixed grid."""
+    seqs = [(3000, 1), (40, 1), (700, 1)]
+    batch = make_batch(seqs, hq=8, hkv=1, d=128, dr=32, rel=512, dtype=torch.bfloat16)
+    args = list(batch.args())
+    attention(batch, "triton")  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.inkling.sheared_bias_attention(*args, "triton")
+    other = make_batch(
+        [(2900, 1), (48, 1), (5, 1)], hq=8, hkv=1, d=128, dr=32, rel=512, dtype=torch.bfloat16, seed=3
+    )
+    pad = batch.block_table.shape[1] - other.block_table.shape[1]
+    for dst, src in zip(args[:8], other.args()[:8]):
+        if src.dim() == 2 and src.dtype == torch.int32:
+            src = torch.nn.functional.pad(src, (0, pad), value=-1)
+        if src.shape[0] > dst.shape[0]:  # the caches: other has fewer blocks
+            raise AssertionError("shape mismatch")
+        dst[: src.shape[0]].copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, other.truth, 3e-2)
