@@ -57,8 +57,9 @@ convert: $(TINY_FP4)/config.json
 engine: $(STAMP) $(if $(filter $(TINY_FP4),$(CKPT)),$(TINY_FP4)/config.json)
 	$(PY) -m builder --checkpoint_dir $(CKPT) --output_dir $(ENGINE) --force $(BUILD_ARGS)
 
-demo: $(TINY)/config.json
-	$(PY) -m inkling.demo --model_dir $(TINY)
+# Synthesize, convert, build the engine, run a text+image+audio prompt through the runtime.
+demo: engine
+	$(PY) -m runtime.demo --engine_dir $(ENGINE) --model_dir $(CKPT)
 
 clean:
 	rm -rf build

@@ -250,7 +250,7 @@ def export_step(
     config, bc, impls, weights, device, dtype, moe_tiles: str = ""
 ) -> torch.export.ExportedProgram:
     example, _ = step_example(config, bc, device, dtype)
-    T = Dim("num_tokens", min=2, max=bc.max_num_tokens)
+    T = Dim("num_tokens", min=1, max=bc.max_num_tokens)
     B = Dim("batch", min=1, max=bc.max_batch_size)
     N = Dim("num_logits", min=1, max=bc.max_num_tokens)
     M = Dim("num_mm", min=1, max=bc.max_num_tokens + 1)

@@ -67,7 +67,8 @@ def read_calibration_texts(path: str | os.PathLike | None) -> list[str]:
 def calibration_prompts(
     model_dir: str | os.PathLike, config: InklingConfig, texts: Sequence[str], num_prompts: int
 ) -> list[torch.Tensor]:
-    """Token ids of the first `num_prompts` texts: <|bos|> then the text, at most MAX_PROMPT_TOKENS."""
+    """Token ids of the first `num_prompts` texts: <|bos|> then the text (media placeholders dropped),
+    at most MAX_PROMPT_TOKENS."""
     from inkling.tokenizer import load_tokenizer
 
     try:
@@ -75,10 +76,12 @@ def calibration_prompts(
     except FileNotFoundError as e:
         raise ConvertError(f"calibration needs the checkpoint's tokenizer: {e} (or use --calib 0)") from e
     bos = [config.token_ids["bos"]] if "bos" in config.token_ids else []
+    # Text that spells an image or audio placeholder would ask the model for media it does not get.
+    media = {tid for name, tid in config.token_ids.items() if name.startswith(("image", "audio"))}
     prompts = []
     for text in texts[:num_prompts]:
-        ids = (bos + tokenizer.encode(text).ids)[:MAX_PROMPT_TOKENS]
-        prompts.append(torch.tensor(ids, dtype=torch.long))
+        ids = bos + [t for t in tokenizer.encode(text).ids if t not in media]
+        prompts.append(torch.tensor(ids[:MAX_PROMPT_TOKENS], dtype=torch.long))
     return prompts
 
 

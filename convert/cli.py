@@ -27,8 +27,8 @@ def parser() -> argparse.ArgumentParser:
         "--calib",
         type=int,
         default=DEFAULT_NUM_PROMPTS,
-        help="calibration prompts for input_scale (runs the float32 reference model on the CPU); "
-        "0 skips calibration: input_scale 1.0",
+        help="calibration prompts for input_scale: the first N built-in texts or --calib_data lines "
+        "(runs the float32 reference model on the CPU); 0 skips calibration: input_scale 1.0",
     )
     p.add_argument("--calib_data", default=None, help="a text file, one calibration prompt per line")
     p.add_argument("--force", action="store_true", help="replace an existing --output_dir")

@@ -310,6 +310,15 @@ def test_unreached_experts_take_the_layer_max_per_projection() -> None:
         input_scales(config, {})
 
 
+def test_calibration_prompts_start_with_bos_and_drop_media_placeholders(tiny_ckpt_dir: str) -> None:
+    from convert.calibrate import calibration_prompts
+
+    config = CheckpointReader(tiny_ckpt_dir).config
+    text_ids = load_tokenizer(tiny_ckpt_dir).encode(CALIB_TEXT).ids
+    (ids,) = calibration_prompts(tiny_ckpt_dir, config, [f"<|image_pad|>{CALIB_TEXT}<|audio|>"], 4)
+    assert ids.tolist() == [config.token_ids["bos"], *text_ids]
+
+
 def test_calib_0_writes_unit_input_scales(uncalibrated_dir: str) -> None:
     reader = CheckpointReader(uncalibrated_dir)
     assert reader.config.quantization_config["calibrated"] is False

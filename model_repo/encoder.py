@@ -1,0 +1,73 @@
+"""The image_encoder and audio_encoder models: run one of the engine's exported encoder programs,
+eager on the CPU, on what `preprocessing` produced; the output rows are the embeddings of the pad
+tokens of that modality, in placeholder order."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+import plugins  # noqa: F401  (the programs may call torch.ops.inkling.*)
+from builder.engine import read_engine_config
+from model_repo.tensors import RequestError, error, load_model_config, parameter, require, tensor
+
+
+class EncoderModel:
+    """TritonPythonModel for one encoder program, named by the `program` parameter."""
+
+    def initialize(self, args: dict) -> None:
+        cfg = load_model_config(args)
+        engine_dir = parameter(cfg, "engine_dir")
+        self.program_name = parameter(cfg, "program")
+        self.input_name = cfg["input"][0]["name"]
+        self.output_name = cfg["output"][0]["name"]
+        engine = read_engine_config(engine_dir)
+        self.dtype = getattr(torch, engine["dtype"])
+        audio = engine["pretrained_config"]["audio"]
+        self.num_mels, self.num_levels = audio["num_mels"], audio["num_levels"]
+        self.frame_stack = audio["frame_stack"]
+        path = os.path.join(engine_dir, f"rank0.{self.program_name}.pt2")
+        self.program = torch.export.load(path).module()
+        torch.set_num_threads(1)
+
+    def execute(self, requests: list) -> list:
+        return [self._run(r) for r in requests]
+
+    @torch.no_grad()
+    def _run(self, request: Any) -> Any:
+        try:
+            x = torch.from_numpy(np.ascontiguousarray(require(request, self.input_name)))
+            self._check(x)
+            if x.shape[0 if self.program_name == "vision" else 1] == 0:
+                out = torch.zeros(0, 0)
+            else:
+                out = self.program(x.to(self.dtype) if x.is_floating_point() else x)
+            return _response(self.output_name, out)
+        except RequestError as e:
+            return error(str(e))
+        except Exception as e:  # a bad input must never take the model down
+            return error(f"{self.program_name} encoder failed: {type(e).__name__}: {e}")
+
+    def _check(self, x: torch.Tensor) -> None:
+        if self.program_name == "vision":
+            if x.dim() != 4 or tuple(x.shape[1:]) != (16, 16, 3):
+                raise RequestError(f"image patches must be [N, 16, 16, 3], got {list(x.shape)}")
+            if not torch.isfinite(x).all():
+                raise RequestError("image patches hold non-finite values")
+            return
+        if x.dim() != 2 or x.shape[0] != self.num_mels or x.shape[1] % self.frame_stack:
+            raise RequestError(
+                f"audio levels must be [{self.num_mels}, F], F a multiple of {self.frame_stack}, "
+                f"got {list(x.shape)}"
+            )
+        if x.numel() and (x.min() < 0 or x.max() >= self.num_levels):
+            raise RequestError(f"audio levels must lie in [0, {self.num_levels})")
+
+
+def _response(name: str, out: torch.Tensor) -> Any:
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils.InferenceResponse(output_tensors=[tensor(name, out.float().numpy(), np.float32)])

@@ -1,0 +1,5 @@
+"""image_encoder: the engine's vision program (model_repo/encoder.py)."""
+
+from model_repo.encoder import EncoderModel as TritonPythonModel
+
+__all__ = ["TritonPythonModel"]

@@ -1,0 +1,238 @@
+"""inkling: the runtime's engine loop behind Triton (decoupled, in-flight batching).
+
+execute() only parses and submits: the engine thread steps every request in flight together and
+hands each delta to `on_delta`, which queues it; one sender thread turns deltas into responses, so
+the engine never waits on Triton. The sender also notices cancelled requests (client cancel or
+disconnect) and aborts them in the runtime, which frees their cache blocks at once, and publishes
+the cache statistics as gauges on Triton's metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+from builder.engine import read_engine_config
+from model_repo.tensors import (
+    RequestError,
+    error,
+    get,
+    load_model_config,
+    parameter,
+    scalar,
+    string_tensor,
+    strings,
+    tensor,
+    text,
+)
+from runtime import EngineLoop, PromptInput, SamplingParams, StreamDelta
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CANCEL_CHECK_S = 0.05  # how often a stream's cancellation is polled (an IPC round trip)
+METRICS_PERIOD_S = 0.1
+CACHE_GAUGES = ("free_blocks", "used_blocks", "evictable_blocks", "total_blocks")
+REQUEST_GAUGES = ("running", "waiting")
+
+
+@dataclass
+class InFlight:
+    sender: Any
+    triton_id: str
+    checked_at: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        cfg = load_model_config(args)
+        engine_dir = parameter(cfg, "engine_dir")
+        engine = read_engine_config(engine_dir)
+        self.hidden_size = int(engine["pretrained_config"]["hidden_size"])
+        self.dtype = getattr(torch, engine["dtype"])
+        num_blocks = int(parameter(cfg, "num_blocks", "0")) or None
+        self.loop = EngineLoop(engine_dir, num_blocks=num_blocks)
+        self.in_flight: dict[str, InFlight] = {}
+        self.lock = threading.Lock()
+        self.outbox: queue.Queue[StreamDelta | None] = queue.Queue()
+        self._init_metrics()
+        self.sender = threading.Thread(target=self._send_loop, name="inkling-sender", daemon=True)
+        self.sender.start()
+
+    # Requests in.
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                abort_ids = strings(request, "abort_request_id")
+                if abort_ids:
+                    self._abort(text(abort_ids[0], "abort_request_id"))
+                    sender.send(flags=FINAL)
+                    continue
+                prompt, params = self._parse(request)
+                rid = uuid.uuid4().hex
+                with self.lock:
+                    self.in_flight[rid] = InFlight(sender, request.request_id())
+                try:
+                    self.loop.submit(rid, prompt, params, self.outbox.put)
+                except BaseException:
+                    with self.lock:
+                        self.in_flight.pop(rid, None)
+                    raise
+            except (RequestError, ValueError) as e:
+                sender.send(error(str(e)), flags=FINAL)
+            except Exception as e:  # a bad request must never take the model down
+                sender.send(error(f"inkling failed: {type(e).__name__}: {e}"), flags=FINAL)
+        return None
+
+    def _parse(self, request: Any) -> tuple[PromptInput, SamplingParams]:
+        ids = get(request, "input_ids")
+        if ids is None or ids.size == 0:
+            raise RequestError("input_ids is required and must not be empty")
+        if ids.ndim != 1:
+            raise RequestError(f"input_ids must be 1-D, got shape {list(ids.shape)}")
+        embeds, positions = get(request, "mm_embeds"), get(request, "mm_positions")
+        prompt = PromptInput(torch.from_numpy(ids.astype(np.int64)))
+        if embeds is not None or positions is not None:
+            prompt = self._media(prompt, embeds, positions)
+        stop = [text(s, "stop_words") for s in strings(request, "stop_words")]
+        seed = scalar(request, "random_seed", None, int)
+        params = SamplingParams(
+            max_tokens=scalar(request, "max_tokens", SamplingParams.max_tokens, int),
+            temperature=scalar(request, "temperature", SamplingParams.temperature, float),
+            top_k=scalar(request, "top_k", SamplingParams.top_k, int),
+            top_p=scalar(request, "top_p", SamplingParams.top_p, float),
+            seed=seed,
+            stop=tuple(s for s in stop if s),
+            num_draft_tokens=scalar(request, "num_draft_tokens", SamplingParams.num_draft_tokens, int),
+        )
+        return prompt, params
+
+    def _media(
+        self, prompt: PromptInput, embeds: np.ndarray | None, positions: np.ndarray | None
+    ) -> PromptInput:
+        if embeds is None or positions is None:
+            raise RequestError("mm_embeds and mm_positions come together")
+        if embeds.ndim != 2 or (embeds.shape[0] and embeds.shape[1] != self.hidden_size):
+            raise RequestError(f"mm_embeds must be [M, {self.hidden_size}], got {list(embeds.shape)}")
+        if positions.ndim != 1 or positions.shape[0] != embeds.shape[0]:
+            raise RequestError(
+                f"mm_positions must be [M] with M = {embeds.shape[0]} rows of mm_embeds, got {list(positions.shape)}"
+            )
+        if not embeds.shape[0]:
+            return prompt
+        T = prompt.input_ids.shape[0]
+        if positions.min() < 0 or positions.max() >= T or len(np.unique(positions)) != len(positions):
+            raise RequestError(f"mm_positions must be distinct positions in [0, {T})")
+        if not np.isfinite(embeds).all():
+            raise RequestError("mm_embeds hold non-finite values")
+        rows = torch.from_numpy(np.ascontiguousarray(embeds, dtype=np.float32)).to(self.dtype)
+        return PromptInput(prompt.input_ids, rows, torch.from_numpy(positions.astype(np.int64)))
+
+    def _abort(self, triton_id: str) -> None:
+        with self.lock:
+            rids = [rid for rid, r in self.in_flight.items() if r.triton_id == triton_id]
+        for rid in rids:
+            self.loop.abort(rid)
+
+    # Responses out.
+    def _send_loop(self) -> None:
+        next_metrics = 0.0
+        while True:
+            try:
+                delta = self.outbox.get(timeout=CANCEL_CHECK_S)
+            except queue.Empty:
+                delta = False
+            if delta is None:
+                return
+            try:
+                if delta:
+                    self._send(delta)
+                self._check_cancelled()
+                if time.monotonic() >= next_metrics:
+                    self._publish_metrics()
+                    next_metrics = time.monotonic() + METRICS_PERIOD_S
+            except Exception as e:  # keep sending to the other requests
+                pb_utils.Logger.log_error(f"inkling sender: {type(e).__name__}: {e}")
+
+    def _send(self, d: StreamDelta) -> None:
+        with self.lock:
+            req = self.in_flight.get(d.request_id)
+            if req is not None and d.finish_reason is not None:
+                del self.in_flight[d.request_id]
+        if req is None or (req.cancelled and d.finish_reason is None):
+            return
+        if d.finish_reason is None:
+            req.sender.send(self._response(d))
+        elif req.cancelled or req.sender.is_cancelled():
+            req.sender.send(flags=FINAL)  # the client is gone: nothing to say
+        elif d.finish_reason == "error":
+            req.sender.send(error(d.error or "generation failed", pb_utils.TritonError.INTERNAL), flags=FINAL)
+        else:
+            req.sender.send(self._response(d), flags=FINAL)
+
+    def _check_cancelled(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            due = [
+                (rid, r)
+                for rid, r in self.in_flight.items()
+                if not r.cancelled and now - r.checked_at >= CANCEL_CHECK_S
+            ]
+        for rid, r in due:
+            r.checked_at = now
+            if r.sender.is_cancelled():
+                r.cancelled = True
+                self.loop.abort(rid)
+
+    @staticmethod
+    def _response(d: StreamDelta) -> Any:
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                string_tensor("text_output", d.text),
+                tensor("output_ids", d.token_ids, np.int64),
+                string_tensor("finish_reason", d.finish_reason or ""),
+                tensor("prompt_tokens", [d.prompt_tokens], np.int32),
+                tensor("completion_tokens", [d.completion_tokens], np.int32),
+                tensor("acceptance_length", [d.acceptance_length], np.float32),
+                tensor("acceptance_rate", [d.acceptance_rate], np.float32),
+            ]
+        )
+
+    # Metrics: TensorRT-LLM's kv_cache_block_type labels, on Triton's /metrics.
+    def _init_metrics(self) -> None:
+        blocks = pb_utils.MetricFamily(
+            name="inkling_kv_cache_blocks",
+            description="KV cache blocks of the inkling engine loop, by kind",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        requests = pb_utils.MetricFamily(
+            name="inkling_requests",
+            description="Requests in the inkling engine loop, by state",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.metric_families = (blocks, requests)
+        self.gauges = {
+            k: blocks.Metric(labels={"kv_cache_block_type": k.removesuffix("_blocks")}) for k in CACHE_GAUGES
+        }
+        self.gauges |= {k: requests.Metric(labels={"request_state": k}) for k in REQUEST_GAUGES}
+        self._publish_metrics()
+
+    def _publish_metrics(self) -> None:
+        stats = self.loop.cache_stats()
+        for key, gauge in self.gauges.items():
+            gauge.set(float(stats.get(key, 0)))
+
+    def finalize(self) -> None:
+        self.loop.shutdown()
+        self.outbox.put(None)
+        self.sender.join(5)
+        self.gauges.clear()
+        self.metric_families = ()

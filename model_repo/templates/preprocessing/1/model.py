@@ -1,0 +1,142 @@
+"""preprocessing: prompt text and encoded media -> token ids, encoder inputs and pad positions.
+
+Media arrive as raw bytes or as base64 text (the generate endpoints carry JSON): a value that starts
+with a PNG, JPEG or RIFF signature is taken as the file itself, any other value is base64-decoded.
+Every limit is checked before the expensive step it guards (sizes before decoding, the pixel count
+from the image header, the duration from the WAV header).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from builder.engine import read_engine_config
+from inkling.config import InklingConfig
+from inkling.processing import ProcessingError, Processor, image_patches
+from model_repo.tensors import (
+    RequestError,
+    error,
+    load_model_config,
+    parameter,
+    require,
+    strings,
+    tensor,
+    text,
+)
+
+SIGNATURES = (b"\x89PNG", b"\xff\xd8\xff", b"RIFF")
+
+
+def decode_media(value: bytes, name: str, index: int, max_bytes: int) -> bytes:
+    """Raw file bytes, or base64 text of them; the size limit applies to both forms."""
+    if value.startswith(SIGNATURES):
+        data = value
+    else:
+        if len(value) > max_bytes * 4 // 3 + 4:
+            raise RequestError(
+                f"{name}[{index}] is {len(value)} bytes of base64, over the limit of {max_bytes}"
+            )
+        try:
+            data = base64.b64decode(b"".join(value.split()), validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise RequestError(
+                f"{name}[{index}] is neither a PNG, JPEG or WAV file nor valid base64: {e}"
+            ) from e
+    if not data:
+        raise RequestError(f"{name}[{index}] is empty")
+    if len(data) > max_bytes:
+        raise RequestError(f"{name}[{index}] is {len(data)} bytes, over the limit of {max_bytes}")
+    return data
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        cfg = load_model_config(args)
+        engine_dir = parameter(cfg, "engine_dir")
+        engine = read_engine_config(engine_dir)
+        self.config = InklingConfig.from_dict(engine["pretrained_config"])
+        self.max_input_len = int(engine["build_config"]["max_input_len"])
+        self.max_text_bytes = int(parameter(cfg, "max_text_bytes"))
+        self.max_images = int(parameter(cfg, "max_images"))
+        self.max_audios = int(parameter(cfg, "max_audios"))
+        self.max_image_bytes = int(parameter(cfg, "max_image_bytes"))
+        self.max_audio_bytes = int(parameter(cfg, "max_audio_bytes"))
+        tokenizer = Tokenizer.from_file(os.path.join(engine_dir, "tokenizer.json"))
+        self.processor = Processor(
+            self.config,
+            tokenizer,
+            max_image_bytes=self.max_image_bytes,
+            max_image_pixels=int(parameter(cfg, "max_image_pixels")),
+            max_audio_bytes=self.max_audio_bytes,
+            max_audio_seconds=float(parameter(cfg, "max_audio_seconds")),
+        )
+        torch.set_num_threads(1)
+
+    def execute(self, requests: list) -> list:
+        return [self._run(r) for r in requests]
+
+    def _run(self, request: Any) -> Any:
+        try:
+            return self._process(request)
+        except (RequestError, ProcessingError) as e:
+            return error(str(e))
+        except Exception as e:  # a bad input must never take the model down
+            return error(f"preprocessing failed: {type(e).__name__}: {e}")
+
+    def _process(self, request: Any) -> Any:
+        prompt = self._prompt(require(request, "text_input"))
+        images = strings(request, "image_data_input")
+        audios = strings(request, "audio_data_input")
+        if len(images) > self.max_images:
+            raise RequestError(f"{len(images)} images, over the limit of {self.max_images} per request")
+        if len(audios) > self.max_audios:
+            raise RequestError(f"{len(audios)} audios, over the limit of {self.max_audios} per request")
+        images = [decode_media(v, "image_data_input", i, self.max_image_bytes) for i, v in enumerate(images)]
+        audios = [decode_media(v, "audio_data_input", i, self.max_audio_bytes) for i, v in enumerate(audios)]
+        out = self.processor(prompt, images=images, audios=audios)
+        num_tokens = len(out.input_ids)
+        if num_tokens > self.max_input_len:
+            raise RequestError(
+                f"prompt is {num_tokens} tokens (media included), over the engine's max_input_len "
+                f"{self.max_input_len}"
+            )
+        patches = (
+            torch.cat([image_patches(p) for p in out.images]) if out.images else torch.zeros(0, 16, 16, 3)
+        )  # [N, 16, 16, 3]
+        levels = (
+            torch.cat(out.audios, dim=1)
+            if out.audios
+            else torch.zeros(self.config.audio.num_mels, 0, dtype=torch.int64)
+        )  # [num_mels, F]
+        ids = out.input_ids
+        pads = [self.config.token_id("image_pad"), self.config.token_id("audio_pad")]
+        positions = torch.cat([(ids == pad).nonzero().flatten() for pad in pads])
+        import triton_python_backend_utils as pb_utils
+
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                tensor("INPUT_IDS", ids.numpy(), np.int64),
+                tensor("IMAGE_PATCHES", patches.numpy(), np.float32),
+                tensor("AUDIO_LEVELS", levels.numpy(), np.int64),
+                tensor("MM_POSITIONS", positions.numpy(), np.int64),
+            ]
+        )
+
+    def _prompt(self, value: np.ndarray) -> str:
+        if value.size != 1:
+            raise RequestError(f"text_input must hold one prompt, got shape {list(value.shape)}")
+        raw = value.reshape(-1)[0]
+        raw = raw if isinstance(raw, bytes) else str(raw).encode()
+        if len(raw) > self.max_text_bytes:
+            raise RequestError(f"text_input is {len(raw)} bytes, over the limit of {self.max_text_bytes}")
+        prompt = text(raw, "text_input")
+        if not prompt.strip():
+            raise RequestError("text_input is empty: send a prompt")
+        return prompt

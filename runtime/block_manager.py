@@ -1,0 +1,221 @@
+"""The block pool: one pool of block ids for every layer group, per-sequence block tables, sliding
+windows that free what falls behind them, and prefix caching by block content hash.
+
+No torch here: block ids and tables are plain ints (docs/interfaces.md "KV cache").
+
+Prefix cache. When a logical block of a sequence is full of committed tokens, it may be registered
+under the chained hash of its tokens (and of the media embedded in it). The entry keeps a reference
+on that block's physical block in every group, so the KV survives the sequence; an entry whose end
+has a saved sconv state (a "restore point") can start another sequence there. Entries are evicted
+least recently used first when the pool runs dry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+FREED = -1  # a table entry whose block was freed (behind a sliding window) or never allocated
+
+
+@dataclass
+class CacheEntry:
+    blocks: tuple[int, ...]  # the physical block of each group
+    snapshot: int | None = None  # sconv state snapshot slot, when this block's end is a restore point
+
+
+@dataclass
+class SeqBlocks:
+    """A sequence's block tables, one list per group."""
+
+    tables: list[list[int]]
+    hashes: list[bytes] = field(default_factory=list)  # chained hashes of its registered full blocks
+
+    def num_blocks(self) -> int:
+        return len(self.tables[0]) if self.tables else 0
+
+
+def chain_hash(parent: bytes, tokens: list[int], media: bytes = b"") -> bytes:
+    h = hashlib.sha256(parent)
+    h.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens))
+    h.update(media)
+    return h.digest()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, group_windows: list[int], window_margin: int):
+        """group_windows[g]: 0 for full attention, W for sliding; window_margin: tokens a sequence may be
+        rolled back by (max_draft_len), kept beyond the window."""
+        if num_blocks < len(group_windows):
+            raise ValueError(
+                f"{num_blocks} blocks cannot hold one block per layer group ({len(group_windows)})"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.group_windows = list(group_windows)
+        self.window_margin = window_margin
+        self.free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.ref = [0] * num_blocks
+        self.cache: OrderedDict[bytes, CacheEntry] = OrderedDict()  # LRU order: oldest first
+        self.snapshots_free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.stats = {"prefix_hits": 0, "prefix_hit_tokens": 0, "evictions": 0}
+
+    # Pool.
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_windows)
+
+    def num_free(self) -> int:
+        """Blocks free now, plus blocks held only by cache entries (evictable)."""
+        return len(self.free) + self._evictable_blocks()
+
+    def _evictable_blocks(self) -> int:
+        return sum(1 for e in self.cache.values() for b in e.blocks if b != FREED and self.ref[b] == 1)
+
+    def _take(self) -> int:
+        while not self.free and self.cache:
+            self._evict_one()
+        if not self.free:
+            raise MemoryError("block pool exhausted")
+        b = self.free.pop()
+        self.ref[b] = 1
+        return b
+
+    def _release(self, b: int) -> None:
+        if b == FREED:
+            return
+        self.ref[b] -= 1
+        if self.ref[b] == 0:
+            self.free.append(b)
+        elif self.ref[b] < 0:
+            raise RuntimeError(f"block {b} released twice")
+
+    def _evict_one(self) -> None:
+        _, entry = self.cache.popitem(last=False)
+        for b in entry.blocks:
+            self._release(b)
+        if entry.snapshot is not None:
+            self.snapshots_free.append(entry.snapshot)
+        self.stats["evictions"] += 1
+
+    # Sequences.
+    def new_sequence(self) -> SeqBlocks:
+        return SeqBlocks([[] for _ in self.group_windows])
+
+    def blocks_needed(self, seq: SeqBlocks, length: int) -> int:
+        """Physical blocks to allocate so that `seq` holds `length` tokens."""
+        want = -(-length // self.block_size)
+        return max(0, want - seq.num_blocks()) * self.num_groups
+
+    def peak_blocks(self, length: int, chunk: int) -> int:
+        """The most blocks a sequence of `length` tokens ever holds, fed in chunks of at most `chunk`
+        tokens: sliding groups keep only their window, margin and one chunk."""
+        bs = self.block_size
+        total = 0
+        for window in self.group_windows:
+            full = -(-length // bs)
+            total += full if not window else min(full, -(-(window + self.window_margin + chunk) // bs) + 1)
+        return total
+
+    def can_allocate(self, seq: SeqBlocks, length: int) -> bool:
+        return self.blocks_needed(seq, length) <= self.num_free()
+
+    def allocate(self, seq: SeqBlocks, length: int) -> None:
+        """Grow every group's table to cover `length` tokens (all or nothing)."""
+        need = self.blocks_needed(seq, length)
+        if need > self.num_free():
+            raise MemoryError(f"need {need} blocks, {self.num_free()} free")
+        want = -(-length // self.block_size)
+        for table in seq.tables:
+            while len(table) < want:
+                table.append(self._take())
+
+    def free_behind_windows(self, seq: SeqBlocks, computed: int) -> None:
+        """Sliding groups drop blocks that no future query (rollback margin included) can reach."""
+        for g, window in enumerate(self.group_windows):
+            if not window:
+                continue
+            first_needed = computed - self.window_margin - window + 1  # oldest key a future query reads
+            for i in range(min(len(seq.tables[g]), max(0, first_needed) // self.block_size)):
+                if seq.tables[g][i] != FREED:
+                    self._release(seq.tables[g][i])
+                    seq.tables[g][i] = FREED
+
+    def truncate(self, seq: SeqBlocks, length: int) -> None:
+        """Give back the blocks past `length` tokens (after a rollback)."""
+        want = -(-length // self.block_size)
+        for table in seq.tables:
+            while len(table) > want:
+                self._release(table.pop())
+        del seq.hashes[want:]
+
+    def release(self, seq: SeqBlocks) -> None:
+        for table in seq.tables:
+            for b in table:
+                self._release(b)
+            table.clear()
+        seq.hashes.clear()
+
+    # Prefix cache.
+    def register(
+        self, seq: SeqBlocks, index: int, tokens: list[int], media: bytes, want_snapshot: bool
+    ) -> int | None:
+        """Register full logical block `index` (its tokens, media bytes). Returns a snapshot slot to fill
+        when `want_snapshot` and the entry has none yet, else None."""
+        if index != len(seq.hashes):
+            raise ValueError(f"blocks are registered in order: next is {len(seq.hashes)}, got {index}")
+        parent = seq.hashes[-1] if seq.hashes else b""
+        key = chain_hash(parent, tokens, media)
+        seq.hashes.append(key)
+        entry = self.cache.get(key)
+        if entry is None:
+            blocks = tuple(t[index] for t in seq.tables)
+            if FREED in blocks:
+                return None  # a sliding block already freed: nothing complete to keep
+            for b in blocks:
+                self.ref[b] += 1
+            entry = self.cache[key] = CacheEntry(blocks)
+        self.cache.move_to_end(key)
+        if want_snapshot and entry.snapshot is None and self.snapshots_free:
+            entry.snapshot = self.snapshots_free.pop()
+            return entry.snapshot
+        return None
+
+    def lookup(self, blocks: list[tuple[list[int], bytes]]) -> tuple[list[bytes], list[CacheEntry]]:
+        """The cached entries matching a prompt's leading full blocks [(tokens, media)], in order."""
+        keys, entries = [], []
+        parent = b""
+        for tokens, media in blocks:
+            key = chain_hash(parent, tokens, media)
+            entry = self.cache.get(key)
+            if entry is None:
+                break
+            keys.append(key)
+            entries.append(entry)
+            parent = key
+        return keys, entries
+
+    def adopt(self, seq: SeqBlocks, keys: list[bytes], entries: list[CacheEntry]) -> None:
+        """Start `seq` on cached blocks: share their physical blocks (read-only, they are full)."""
+        if seq.num_blocks():
+            raise ValueError("adopt() starts a fresh sequence")
+        for key, entry in zip(keys, entries):
+            for g, b in enumerate(entry.blocks):
+                self.ref[b] += 1
+                seq.tables[g].append(b)
+            seq.hashes.append(key)
+            self.cache.move_to_end(key)
+        self.stats["prefix_hits"] += 1 if entries else 0
+        self.stats["prefix_hit_tokens"] += len(entries) * self.block_size
+
+    def usage(self) -> dict[str, int]:
+        used = self.num_blocks - len(self.free)
+        return {
+            "total_blocks": self.num_blocks,
+            "free_blocks": len(self.free),
+            "used_blocks": used,
+            "cached_entries": len(self.cache),
+            "evictable_blocks": self._evictable_blocks(),
+            **self.stats,
+        }

@@ -1,0 +1,289 @@
+"""LLMEngine: requests in, token and text deltas out, one `step()` at a time.
+
+engine = LLMEngine(Engine.from_dir(path))
+engine.add_request("a", PromptInput(input_ids), SamplingParams(max_tokens=32))
+while engine.has_unfinished():
+    for delta in engine.step(): ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tokenizers import Tokenizer
+
+from builder.engine import Engine
+
+from .block_manager import BlockManager
+from .detokenizer import IncrementalDetokenizer
+from .model_runner import ModelRunner
+from .params import SamplingParams
+from .sampler import make_generator, sample
+from .scheduler import ScheduledSeq, Scheduler
+from .sequence import Sequence
+
+
+@dataclass
+class PromptInput:
+    """A processed prompt: token ids, and the embeddings of its image/audio pad tokens (in order)."""
+
+    input_ids: torch.Tensor  # [T] int64
+    mm_embeds: torch.Tensor | None = None  # [M, H]
+    mm_positions: torch.Tensor | None = None  # [M] positions in input_ids
+
+
+@dataclass
+class StreamDelta:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[float] | None = None
+    acceptance_length: float = 1.0
+    acceptance_rate: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class RequestState:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    generator: torch.Generator | None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    emitted: int = 0  # characters of detok.text already streamed
+    steps: int = 0
+
+
+class LLMEngine:
+    def __init__(
+        self, engine: Engine, num_blocks: int | None = None, seed: int = 0, device: str | None = None
+    ):
+        self.runner = ModelRunner(engine, num_blocks, device)
+        bc = engine.build_config
+        self.build = bc
+        self.config = engine.model_config
+        self.tokenizer = Tokenizer.from_str(engine.tokenizer_json) if engine.tokenizer_json else None
+        self.num_real_tokens = (
+            self.tokenizer.get_vocab_size(with_added_tokens=True)
+            if self.tokenizer
+            else self.config.vocab_size
+        )
+        self.eos_ids = {self.config.token_ids["eos"]} if "eos" in self.config.token_ids else set()
+        self.blocks = BlockManager(
+            self.runner.num_blocks,
+            bc.tokens_per_block,
+            engine.config["cache_layout"]["group_windows"],
+            bc.max_draft_len,
+        )
+        self.scheduler = Scheduler(self.blocks, bc.max_batch_size, bc.max_num_tokens)
+        self.requests: dict[str, RequestState] = {}
+        self.seed = seed
+        self.num_requests = 0
+        self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "generated_tokens": 0}
+
+    # Requests.
+    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        ids = prompt.input_ids.tolist()
+        self._validate(ids, params, prompt)
+        positions = prompt.mm_positions.tolist() if prompt.mm_positions is not None else []
+        embeds = prompt.mm_embeds
+        digests = {}
+        if positions:
+            rows = embeds.detach().to("cpu", torch.float32).contiguous()
+            digests = {p: hashlib.sha256(rows[i].numpy().tobytes()).digest() for i, p in enumerate(positions)}
+        seq = Sequence(request_id, ids, params, positions, embeds, digests)
+        seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + self.num_requests) % 2**63
+        self.num_requests += 1
+        generator = None if params.greedy else make_generator(seed)
+        detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
+        self.requests[request_id] = RequestState(seq, detok, generator)
+        self.scheduler.add(seq)
+
+    def _validate(self, ids: list[int], params: SamplingParams, prompt: PromptInput) -> None:
+        bc = self.build
+        if not ids:
+            raise ValueError("empty prompt")
+        if len(ids) > bc.max_input_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, the engine's max_input_len is {bc.max_input_len}"
+            )
+        if len(ids) + params.max_tokens > bc.max_seq_len:
+            raise ValueError(
+                f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) exceeds the engine's max_seq_len {bc.max_seq_len}"
+            )
+        if min(ids) < 0 or max(ids) >= self.config.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
+        need = self.blocks.peak_blocks(len(ids) + params.max_tokens, min(self.scheduler.chunk_size, len(ids)))
+        if need > self.blocks.num_blocks:
+            raise ValueError(f"request needs {need} cache blocks, the pool has {self.blocks.num_blocks}")
+        m = 0 if prompt.mm_positions is None else len(prompt.mm_positions)
+        if m != (0 if prompt.mm_embeds is None else prompt.mm_embeds.shape[0]):
+            raise ValueError("mm_embeds and mm_positions disagree in length")
+        if params.num_draft_tokens:
+            raise ValueError(
+                "num_draft_tokens > 0 needs MTP speculative decoding, which this engine does not run yet"
+            )
+
+    def abort_request(self, request_id: str) -> StreamDelta | None:
+        """Cancel: frees its blocks and slot at once. Returns its final delta (None if unknown)."""
+        state = self.requests.pop(request_id, None)
+        if state is None:
+            return None
+        self.scheduler.finish(state.seq, "abort")
+        return self._delta(state, [], "abort")
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # A step.
+    def step(self) -> list[StreamDelta]:
+        batch = self.scheduler.schedule(on_admit=self._lookup_prefix)
+        if not batch:
+            return []
+        for s in batch:
+            if s.start == 0:
+                self.runner.reset_slot(s.seq.slot)  # a fresh sequence: x[t<0] = 0
+            if s.seq.restore_snapshot is not None:
+                self.runner.restore_snapshot(s.seq.slot, s.seq.restore_snapshot)
+                s.seq.restore_snapshot = None
+        logits = self.runner.run(batch)
+        self.stats["steps"] += 1
+        deltas = []
+        for b, s in enumerate(batch):
+            seq = s.seq
+            prompt_part = max(0, min(seq.num_prompt, s.start + s.num_tokens) - s.start)
+            self.stats["prefill_tokens"] += prompt_part
+            self.stats["decode_tokens"] += s.num_tokens - prompt_part
+            seq.num_computed += s.num_tokens
+            self._register_blocks(seq, s)
+            self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
+            if s.samples:
+                deltas.append(self._sample(seq, logits[b]))
+        return [d for d in deltas if d is not None]
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> StreamDelta | None:
+        state = self.requests[seq.request_id]
+        params = seq.params
+        out = sample(logits[: self.num_real_tokens], params, state.generator)
+        seq.output_ids.append(out.token)
+        self.stats["generated_tokens"] += 1
+        now = time.perf_counter()
+        state.first_token_time = state.first_token_time or now
+        state.last_token_time = now
+        finish = None
+        if out.token in self.eos_ids and not params.ignore_eos or out.token in params.stop_token_ids:
+            finish = "stop"
+        elif len(seq.output_ids) >= params.max_tokens:
+            finish = "length"
+        delta = self._delta(state, [out.token], finish, out.logprob)
+        if delta.finish_reason is not None:  # length, eos, stop token or stop string
+            self.requests.pop(seq.request_id, None)
+            self.scheduler.finish(seq, delta.finish_reason)
+        return delta
+
+    def _delta(self, state: RequestState, new: list[int], finish: str | None, logprob=None) -> StreamDelta:
+        seq = state.seq
+        text = ""
+        if state.detok is not None:
+            skip = seq.params.ignore_eos is False and new and new[-1] in self.eos_ids
+            if new and not skip:
+                state.detok.add(new)
+            if finish is not None:
+                state.detok.flush()
+            full = state.detok.text
+            cut = self._stop_at(full, seq.params.stop)
+            if cut is not None:
+                full, finish = full[:cut], "stop"
+            # Hold back what could still become a stop string.
+            hold = 0 if finish is not None else max((len(s) - 1 for s in seq.params.stop), default=0)
+            ready = max(state.emitted, len(full) - hold)
+            text, state.emitted = full[state.emitted : ready], ready
+        return StreamDelta(
+            seq.request_id, text, new, finish, seq.num_prompt, len(seq.output_ids),
+            [logprob] if logprob is not None else None,
+        )  # fmt: skip
+
+    @staticmethod
+    def _stop_at(text: str, stops: tuple[str, ...]) -> int | None:
+        hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+        return min(hits) if hits else None
+
+    # Prefix cache.
+    def _block_media(self, seq: Sequence, index: int) -> bytes:
+        bs = self.blocks.block_size
+        return b"".join(seq.mm_digests.get(p, b"") for p in range(index * bs, (index + 1) * bs))
+
+    def _lookup_prefix(self, seq: Sequence) -> None:
+        """On admission: start on the longest cached prefix that ends at a restore point, leaving at
+        least one token to compute (its logits give the first sample)."""
+        bs = self.blocks.block_size
+        tokens = seq.tokens
+        full = (len(tokens) - 1) // bs
+        keys, entries = self.blocks.lookup(
+            [(tokens[i * bs : (i + 1) * bs], self._block_media(seq, i)) for i in range(full)]
+        )
+        n = max((i + 1 for i, e in enumerate(entries) if e.snapshot is not None), default=0)
+        seq.restore_snapshot = None
+        if n:
+            self.blocks.adopt(seq.blocks, keys[:n], entries[:n])
+            seq.num_computed = n * bs
+            seq.restore_snapshot = entries[n - 1].snapshot
+
+    def _register_blocks(self, seq: Sequence, s: ScheduledSeq) -> None:
+        """Register the full blocks that can no longer be rolled back: prompt blocks at once, others
+        max_draft_len tokens later. A block whose end the sconv history still holds becomes a restore
+        point (its sconv inputs are saved). Registered blocks are shared, so they are never rolled back."""
+        bs = self.blocks.block_size
+        settled = max(min(seq.num_prompt, seq.num_computed), seq.num_computed - self.build.max_draft_len)
+        for index in range(len(seq.blocks.hashes), settled // bs):
+            back = seq.num_computed - (index + 1) * bs
+            restorable = back <= self.runner.state_rows - self.runner.K1
+            snap = self.blocks.register(
+                seq.blocks,
+                index,
+                seq.tokens[index * bs : (index + 1) * bs],
+                self._block_media(seq, index),
+                restorable,
+            )
+            if snap is not None:
+                self.runner.save_snapshot(seq.slot, snap, back)
+
+    # Rollback (MTP verification uses it).
+    def rollback(self, request_id: str, n: int) -> None:
+        """Drop the last n generated tokens of a running sequence as if it never had them: their KV
+        (by length), sliding window and sconv state. At most max_draft_len computed tokens, never
+        into the prompt or a registered (shared) block."""
+        state = self.requests[request_id]
+        seq = state.seq
+        if not 0 <= n <= len(seq.output_ids):
+            raise ValueError(f"cannot roll back {n} of {len(seq.output_ids)} generated tokens")
+        new_len = len(seq) - n
+        new_computed = min(seq.num_computed, new_len - 1)
+        if new_computed < len(seq.blocks.hashes) * self.blocks.block_size:
+            raise ValueError("cannot roll back into a block already shared through the prefix cache")
+        self.runner.rollback(seq.slot, seq.num_computed - new_computed)
+        seq.num_computed = new_computed
+        del seq.output_ids[len(seq.output_ids) - n :]
+        self.blocks.truncate(seq.blocks, new_len)
+        if state.detok is not None:
+            state.detok = IncrementalDetokenizer(self.tokenizer)
+            state.detok.add(list(seq.output_ids))
+            state.emitted = min(state.emitted, len(state.detok.text))
+
+    # Metrics.
+    def cache_stats(self) -> dict:
+        return {
+            **self.blocks.usage(),
+            **self.stats,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+        }

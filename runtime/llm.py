@@ -1,0 +1,223 @@
+"""The Python API: `LLM` (generate, stream) and `EngineLoop` (a background engine thread for servers).
+
+from runtime import LLM, SamplingParams
+llm = LLM("build/engine-tiny")
+out = llm.generate(["Hello", {"text": "What is <|image|>?", "images": [png_bytes]}], SamplingParams(max_tokens=8))
+async for delta in llm.stream("Hello", SamplingParams(max_tokens=8)): print(delta.text, end="")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from builder.engine import Engine
+from inkling.processing import ProcessedPrompt, Processor
+
+from .engine import LLMEngine, PromptInput, StreamDelta
+from .params import SamplingParams
+
+PromptLike = str | dict | ProcessedPrompt | PromptInput
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[float] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _load(engine: str | os.PathLike | Engine) -> Engine:
+    return engine if isinstance(engine, Engine) else Engine.from_dir(engine)
+
+
+class LLM:
+    def __init__(self, engine: str | os.PathLike | Engine, num_blocks: int | None = None, seed: int = 0):
+        self.engine = LLMEngine(_load(engine), num_blocks, seed)
+        self.processor = (
+            Processor(self.engine.config, self.engine.tokenizer) if self.engine.tokenizer else None
+        )
+        self._ids = itertools.count()
+
+    # Prompts.
+    def prepare(self, prompt: PromptLike) -> PromptInput:
+        """Text (with <|image|>/<|audio|> placeholders) and raw media -> token ids and pad embeddings."""
+        if isinstance(prompt, PromptInput):
+            return prompt
+        if isinstance(prompt, str):
+            prompt = {"text": prompt}
+        if isinstance(prompt, dict):
+            if self.processor is None:
+                raise ValueError("this engine has no tokenizer: give token ids (PromptInput)")
+            prompt = self.processor(
+                prompt.get("text", ""), prompt.get("images", ()), prompt.get("audios", ())
+            )
+        return self.embed_media(prompt)
+
+    def embed_media(self, prompt: ProcessedPrompt) -> PromptInput:
+        c = self.engine.config
+        ids = prompt.input_ids
+        img, aud = self.engine.runner.encode_media(list(prompt.images), list(prompt.audios))
+        positions, rows = [], []
+        for kind, emb in (("image", img), ("audio", aud)):
+            if emb.shape[0]:
+                positions.append((ids == c.token_id(f"{kind}_pad")).nonzero().flatten())
+                rows.append(emb)
+        if not rows:
+            return PromptInput(ids)
+        return PromptInput(ids, torch.cat(rows), torch.cat(positions))
+
+    # Generation.
+    def generate(
+        self,
+        prompts: PromptLike | Sequence[PromptLike],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion, batched together; outputs in the order of the prompts."""
+        if isinstance(prompts, (str, dict, ProcessedPrompt, PromptInput)):
+            prompts = [prompts]
+        params_list = (
+            list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        )
+        ids = []
+        for prompt, p in zip(prompts, params_list):
+            rid = f"gen-{next(self._ids)}"
+            self.engine.add_request(rid, self.prepare(prompt), p)
+            ids.append(rid)
+        outs = {rid: RequestOutput(rid, "", [], None, 0, 0) for rid in ids}
+        while self.engine.has_unfinished():
+            for d in self.engine.step():
+                _accumulate(outs[d.request_id], d)
+        return [outs[rid] for rid in ids]
+
+    async def stream(
+        self, prompt: PromptLike, params: SamplingParams | None = None
+    ) -> AsyncIterator[StreamDelta]:
+        """Text deltas of one request as they come (drives the engine itself; for many concurrent
+        streams use EngineLoop)."""
+        rid = f"stream-{next(self._ids)}"
+        self.engine.add_request(rid, self.prepare(prompt), params or SamplingParams())
+        while True:
+            for d in self.engine.step():
+                if d.request_id == rid:
+                    yield d
+                    if d.finish_reason is not None:
+                        return
+            await asyncio.sleep(0)
+
+
+def _accumulate(out: RequestOutput, d: StreamDelta) -> None:
+    out.text += d.text
+    out.token_ids += d.token_ids
+    out.finish_reason = d.finish_reason
+    out.prompt_tokens, out.completion_tokens = d.prompt_tokens, d.completion_tokens
+    if d.logprobs is not None:
+        out.logprobs = (out.logprobs or []) + d.logprobs
+
+
+class EngineLoop:
+    """The engine stepping in a background thread; requests come and go from any thread.
+
+    on_delta callbacks run on the engine thread: keep them short (e.g. hand off to a queue)."""
+
+    def __init__(self, engine: str | os.PathLike | Engine, num_blocks: int | None = None, seed: int = 0):
+        self.llm = LLM(engine, num_blocks, seed)
+        self.engine = self.llm.engine
+        self._inbox: queue.Queue = queue.Queue()
+        self._callbacks: dict[str, Callable[[StreamDelta], Any]] = {}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self.metrics = {"requests": 0, "tokens": 0, "ttft_s": [], "itl_s": []}
+        self._thread = threading.Thread(target=self._run, name="inkling-engine", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        request_id: str,
+        prompt: PromptLike,
+        params: SamplingParams,
+        on_delta: Callable[[StreamDelta], Any],
+    ) -> None:
+        """Queue a request; invalid ones raise ValueError here, in the caller's thread."""
+        prepared = self.llm.prepare(prompt)
+        self.engine._validate(prepared.input_ids.tolist(), params, prepared)
+        self._inbox.put(("add", request_id, prepared, params, on_delta))
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def cache_stats(self) -> dict:
+        with self._lock:
+            return self.engine.cache_stats()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item[0] == "add":
+                _, rid, prompt, params, cb = item
+                try:
+                    self.engine.add_request(rid, prompt, params)
+                    self._callbacks[rid] = cb
+                except ValueError as e:
+                    cb(StreamDelta(rid, "", [], "error", len(prompt.input_ids), 0, error=str(e)))
+            else:
+                delta = self.engine.abort_request(item[1])
+                cb = self._callbacks.pop(item[1], None)
+                if delta is not None and cb is not None:
+                    cb(delta)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                self._drain_inbox()
+                busy = self.engine.has_unfinished()
+                deltas = self.engine.step() if busy else []
+            for d in deltas:
+                cb = self._callbacks.get(d.request_id)
+                if d.finish_reason is not None:
+                    self._callbacks.pop(d.request_id, None)
+                if cb is not None:
+                    try:
+                        cb(d)
+                    except Exception:  # a broken callback (client gone) must not stop the engine
+                        self.abort(d.request_id)
+            if not busy:
+                self._wake.wait(0.05)
+                self._wake.clear()
+        with self._lock:
+            for rid in list(self.engine.requests):
+                self.engine.abort_request(rid)
+
+
+def time_generation(llm: LLM, prompts: Sequence[PromptLike], params: SamplingParams) -> dict[str, float]:
+    """Tokens/s of a batch through the in-process API (for benchmarks)."""
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    tokens = sum(o.completion_tokens for o in outs)
+    return {"seconds": elapsed, "tokens": tokens, "tokens_per_s": tokens / elapsed}

@@ -1,0 +1,58 @@
+"""Sampling from logits: greedy, temperature, top-k, top-p, per-request seeds, optional logprobs.
+
+Each request owns a torch.Generator seeded from its seed (or from the engine's seed and its request
+number), so a request's samples do not depend on what else is in the batch: reproducible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .params import SamplingParams
+
+
+@dataclass
+class Sample:
+    token: int
+    logprob: float | None = None
+    top_logprobs: dict[int, float] | None = None
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """float32 [V] logits -> temperature-scaled logits with -inf outside top-k and top-p."""
+    x = logits.float() / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, -1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        drop = probs.cumsum(-1) - probs >= params.top_p
+        x = x.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return x
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Sample:
+    """One token from float32 logits [V] (padded vocabulary rows already cut off)."""
+    if params.greedy:
+        token = int(torch.argmax(logits))
+    else:
+        probs = torch.softmax(filter_logits(logits, params), -1)
+        token = int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    if params.logprobs is None:
+        return Sample(token)
+    logp = torch.log_softmax(logits.float(), -1)
+    top = {}
+    if params.logprobs:
+        values, ids = torch.topk(logp, params.logprobs)
+        top = {int(i): float(v) for i, v in zip(ids, values)}
+    return Sample(token, float(logp[token]), top)
+
+
+def make_generator(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g

@@ -1,0 +1,146 @@
+"""Continuous batching under a token budget with chunked prefill; preemption by recomputation.
+
+Each step: running sequences that decode take one token each; then sequences still prefilling, then
+waiting ones, take chunks of what is left of `max_num_tokens`. When blocks run out, the newest
+running sequence is preempted (its blocks freed, its tokens recomputed later); a request never fails
+for lack of memory unless it could not fit in an empty pool, which is refused when it arrives.
+No torch here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .block_manager import BlockManager
+from .sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int  # position of the first new token
+    num_tokens: int  # new tokens fed this step
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step's last row gives the sequence's next token."""
+        return self.start + self.num_tokens == len(self.seq)
+
+
+class Scheduler:
+    def __init__(
+        self, blocks: BlockManager, max_batch_size: int, max_num_tokens: int, chunk_size: int | None = None
+    ) -> None:
+        self.blocks = blocks
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens
+        # Prefill chunks end on block boundaries where possible, so their ends are prefix-cache
+        # restore points.
+        bs = blocks.block_size
+        self.chunk_size = max(bs, (chunk_size or max_num_tokens) // bs * bs)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.free_slots = list(range(max_batch_size - 1, -1, -1))
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, on_admit=None) -> list[ScheduledSeq]:
+        """Pick this step's work. `on_admit(seq)` runs when a waiting sequence gets its slot (the
+        engine uses it to look up the prefix cache before blocks are allocated)."""
+        budget = self.max_num_tokens
+        out: list[ScheduledSeq] = []
+        # 1. Decoding sequences: one token each, oldest first; preempt the newest when blocks run out.
+        for seq in sorted(self.running, key=lambda s: s.arrival):
+            if seq.is_prefill or budget == 0 or seq.status != Status.RUNNING:
+                continue
+            if not self._reserve(seq, len(seq), out):
+                continue
+            out.append(ScheduledSeq(seq, seq.num_computed, 1))
+            budget -= 1
+        # 2. Prefill chunks of running sequences, then of waiting ones.
+        for seq in sorted(self.running, key=lambda s: s.arrival):
+            if (
+                budget == 0
+                or not seq.is_prefill
+                or seq.status != Status.RUNNING
+                or len(out) >= self.max_batch_size
+            ):
+                continue
+            n = self._chunk(seq, budget)
+            if self._reserve(seq, seq.num_computed + n, out):
+                out.append(ScheduledSeq(seq, seq.num_computed, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(out) < self.max_batch_size and self.free_slots:
+            seq = self.waiting[0]
+            seq.blocks = self.blocks.new_sequence()
+            if on_admit is not None:
+                on_admit(seq)
+            n = self._chunk(seq, budget)
+            if not self.blocks.can_allocate(seq.blocks, seq.num_computed + n):
+                self.blocks.release(seq.blocks)
+                seq.blocks, seq.num_computed = None, 0
+                break  # wait for memory; never preempt running work for a new request
+            self.waiting.popleft()
+            self.blocks.allocate(seq.blocks, seq.num_computed + n)
+            seq.slot = self.free_slots.pop()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.append(ScheduledSeq(seq, seq.num_computed, n))
+            budget -= n
+        return out
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens to feed: up to the last token it has, within the budget and the chunk size. A chunk
+        that crosses a block boundary stops at the last one it can reach, so that the sconv history
+        holds the state there and the prefix cache can restart from it (one extra step a prompt)."""
+        bs = self.blocks.block_size
+        remaining = len(seq) - seq.num_computed
+        n = min(remaining, budget, self.chunk_size)
+        boundary = (seq.num_computed + n) // bs * bs
+        if n > 1 and (n < remaining or seq.num_computed + n - boundary > 1) and boundary > seq.num_computed:
+            n = boundary - seq.num_computed
+        return n
+
+    def _reserve(self, seq: Sequence, length: int, scheduled: list[ScheduledSeq]) -> bool:
+        """Blocks for `seq` up to `length` tokens, preempting newer running sequences if needed."""
+        taken = {s.seq.request_id for s in scheduled}
+        while not self.blocks.can_allocate(seq.blocks, length):
+            victims = [s for s in self.running if s is not seq and s.request_id not in taken]
+            if not victims:
+                self.preempt(seq)
+                return False
+            self.preempt(max(victims, key=lambda s: s.arrival))
+        self.blocks.allocate(seq.blocks, length)
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free everything of `seq` and queue it first: its tokens are recomputed when it returns."""
+        self._free(seq)
+        seq.status = Status.WAITING
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status == Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        self._free(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+
+    def _free(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.blocks is not None:
+            self.blocks.release(seq.blocks)
+            seq.blocks = None
+        if seq.slot >= 0:
+            self.free_slots.append(seq.slot)
+            seq.slot = -1

@@ -1,0 +1,222 @@
+"""The runtime over the float32 tiny engine, against the reference model token for token."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+
+from inkling.demo import demo_png
+from runtime import LLM, LLMEngine, PromptInput, SamplingParams
+
+from .conftest import SMALL
+
+GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
+
+
+def prompt_input(llm: LLM, p) -> PromptInput:
+    from inkling.processing import ProcessedPrompt
+
+    return llm.embed_media(ProcessedPrompt(p.input_ids, list(p.images), list(p.audios)))
+
+
+def reference_greedy(reference, p, n: int) -> list[int]:
+    out = reference.generate(p.input_ids, n, images=p.images or None, audios=p.audios or None, stop_ids=[])
+    return out.tolist()
+
+
+@pytest.fixture
+def llm(engine_f32):
+    return LLM(engine_f32[0])
+
+
+def run_all(engine: LLMEngine, max_steps: int = 10_000, outs: dict | None = None) -> dict:
+    outs = {} if outs is None else outs
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        for d in engine.step():
+            outs.setdefault(d.request_id, []).extend(d.token_ids)
+    assert max_steps < 10_000 or not engine.has_unfinished()
+    return outs
+
+
+def test_batched_greedy_equals_reference(engine_f32, reference, prompts):
+    """Ragged lengths, page boundaries, windows exceeded, text+image+audio; a small token budget forces
+    chunked prefill, and a request joins while others decode."""
+    llm = LLM(engine_f32[0])
+    eng = llm.engine
+    eng.scheduler.max_num_tokens = 24
+    eng.scheduler.chunk_size = 16
+    for i, p in enumerate(prompts[:3]):
+        eng.add_request(f"r{i}", prompt_input(llm, p), GREEDY)
+    outs = run_all(eng, max_steps=2)
+    eng.add_request("late", prompt_input(llm, prompts[3]), GREEDY)  # joins a running batch
+    outs = run_all(eng, outs=outs)
+    for rid, p in zip(["r0", "r1", "r2", "late"], prompts):
+        assert outs[rid] == reference_greedy(reference, p, 6), rid
+    assert eng.stats["steps"] > 8  # chunks and joins, not one big step
+
+
+def test_prefix_cache_hit_reuses_blocks_and_keeps_outputs(llm, reference, prompts):
+    p = prompt_input(llm, prompts[0])  # 90 tokens: 5 full blocks of 16
+    first = llm.generate(p, GREEDY)[0]
+    computed = llm.engine.stats["prefill_tokens"]
+    second = llm.generate(p, GREEDY)[0]
+    assert second.token_ids == first.token_ids == reference_greedy(reference, prompts[0], 6)
+    assert llm.engine.blocks.stats["prefix_hits"] == 1
+    saved = 2 * computed - llm.engine.stats["prefill_tokens"]
+    assert saved >= 64, f"the second prefill computed only {saved} fewer tokens"
+
+
+def test_different_images_behind_the_same_text_do_not_share(llm, reference, tiny_nvfp4_ckpt_dir):
+    from inkling.processing import Processor
+    from inkling.tokenizer import load_tokenizer
+
+    proc = Processor(reference.config, load_tokenizer(tiny_nvfp4_ckpt_dir))
+    text = "<|image|> What is in this picture? Describe it at length, then stop."
+    a = proc(text, [demo_png(64, 64)])
+    b = proc(text, [bytes(_other_png())])
+    assert torch.equal(a.input_ids, b.input_ids)  # same tokens, different pixels
+    out_a = llm.generate(llm.embed_media(a), GREEDY)[0].token_ids
+    out_b = llm.generate(llm.embed_media(b), GREEDY)[0].token_ids
+    assert llm.engine.blocks.stats["prefix_hits"] == 0
+    assert out_a == reference.generate(a.input_ids, 6, images=a.images, stop_ids=[]).tolist()
+    assert out_b == reference.generate(b.input_ids, 6, images=b.images, stop_ids=[]).tolist()
+
+
+def _other_png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    img = Image.new("RGB", (64, 64), (200, 30, 90))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_preemption_under_a_tiny_pool(engine_f32, reference, prompts):
+    """40 blocks hold both prompts but not both sequences grown by 40 tokens: the newer one is
+    preempted and recomputed, and both still equal the reference."""
+    llm = LLM(engine_f32[0], num_blocks=40)
+    llm.engine.scheduler.chunk_size = 16
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    for i, p in enumerate(prompts[:2]):
+        llm.engine.add_request(f"r{i}", prompt_input(llm, p), params)
+    outs = run_all(llm.engine)
+    assert llm.engine.scheduler.num_preemptions > 0
+    for i, p in enumerate(prompts[:2]):
+        assert outs[f"r{i}"] == reference_greedy(reference, p, 40)
+
+
+def test_cancellation_frees_everything(llm, prompts):
+    eng = llm.engine
+    eng.add_request("a", prompt_input(llm, prompts[0]), SamplingParams(max_tokens=50))
+    eng.add_request("b", prompt_input(llm, prompts[1]), SamplingParams(max_tokens=50))
+    eng.step()
+    eng.step()
+    final = eng.abort_request("a")
+    assert final.finish_reason == "abort"
+    eng.abort_request("b")
+    usage = eng.cache_stats()
+    assert not eng.has_unfinished() and usage["running"] == 0
+    assert usage["free_blocks"] + usage["evictable_blocks"] == usage["total_blocks"]
+    assert sorted(eng.scheduler.free_slots) == list(range(SMALL["max_batch_size"]))
+
+
+def test_rollback_equals_never_having_had_the_tokens(llm, prompts):
+    p = prompt_input(llm, prompts[0])
+    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=0)
+    want = llm.generate(p, params)[0]
+    eng = llm.engine
+    eng.add_request("x", p, params)
+    got, logprobs = [], []
+    rolled = False
+    while eng.has_unfinished():
+        for d in eng.step():
+            got += d.token_ids
+            logprobs += d.logprobs
+        if len(got) == 9 and not rolled:  # forget 4 generated tokens (3 of them computed), then go on
+            eng.rollback("x", 4)
+            del got[-4:], logprobs[-4:]
+            rolled = True
+    assert rolled and got == want.token_ids
+    torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want.logprobs), rtol=0, atol=1e-5)
+
+
+def test_seeded_sampling_is_reproducible(llm, prompts):
+    p = prompt_input(llm, prompts[1])
+    params = SamplingParams(max_tokens=8, temperature=1.0, top_k=50, top_p=0.9, seed=1234, ignore_eos=True)
+    a = llm.generate([p, p], [params, SamplingParams(max_tokens=3)])[0].token_ids
+    b = llm.generate(p, params)[0].token_ids  # alone, not batched: same draws
+    c = llm.generate(p, SamplingParams(max_tokens=8, temperature=1.0, seed=99, ignore_eos=True))[0].token_ids
+    assert a == b and a != c
+
+
+def test_stop_strings_and_tokens(llm, prompts):
+    p = prompt_input(llm, prompts[0])
+    full = llm.generate(p, SamplingParams(max_tokens=10, ignore_eos=True))[0]
+    stop_tok = full.token_ids[3]
+    out = llm.generate(p, SamplingParams(max_tokens=10, stop_token_ids=(stop_tok,)))[0]
+    assert (
+        out.finish_reason == "stop" and out.token_ids == full.token_ids[: full.token_ids.index(stop_tok) + 1]
+    )
+    piece = full.text[len(full.text) // 2 : len(full.text) // 2 + 2]
+    if piece.strip():
+        cut = llm.generate(p, SamplingParams(max_tokens=10, stop=(piece,), ignore_eos=True))[0]
+        assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(piece)]
+
+
+def test_stream_equals_generate(llm, prompts):
+    p = prompt_input(llm, prompts[2])
+    whole = llm.generate(p, GREEDY)[0]
+
+    async def collect():
+        return [d async for d in llm.stream(p, GREEDY)]
+
+    deltas = asyncio.run(collect())
+    assert "".join(d.text for d in deltas) == whole.text
+    assert sum((d.token_ids for d in deltas), []) == whole.token_ids
+    assert deltas[-1].finish_reason == "length" and deltas[-1].completion_tokens == 6
+
+
+def test_invalid_requests_get_clear_errors(llm):
+    eng = llm.engine
+    with pytest.raises(ValueError, match="empty prompt"):
+        eng.add_request("e", PromptInput(torch.zeros(0, dtype=torch.long)), GREEDY)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        eng.add_request("e", PromptInput(torch.ones(10, dtype=torch.long)), SamplingParams(max_tokens=1000))
+    with pytest.raises(ValueError, match="token ids must lie"):
+        eng.add_request("e", PromptInput(torch.tensor([5, 99999])), GREEDY)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    assert not eng.has_unfinished()
+
+
+def test_soak_random_requests_and_cancellations(llm):
+    """Hundreds of short random requests, a third cancelled at random points: every block ends free."""
+    eng = llm.engine
+    rng = random.Random(0)
+    live: set[str] = set()
+    n = 240
+    for i in range(n):
+        ids = torch.tensor([rng.randrange(11, 1000) for _ in range(rng.randrange(1, 40))])
+        params = SamplingParams(max_tokens=rng.randrange(1, 5), temperature=rng.choice([0.0, 0.8]), seed=i)
+        eng.add_request(f"s{i}", PromptInput(ids), params)
+        live.add(f"s{i}")
+        if rng.random() < 0.5:
+            for d in eng.step():
+                if d.finish_reason:
+                    live.discard(d.request_id)
+        if rng.random() < 0.33 and live:
+            victim = rng.choice(sorted(live))
+            eng.abort_request(victim)
+            live.discard(victim)
+    run_all(eng)
+    usage = eng.cache_stats()
+    assert usage["running"] == usage["waiting"] == 0
+    assert usage["free_blocks"] + usage["evictable_blocks"] == usage["total_blocks"]
+    assert sorted(eng.scheduler.free_slots) == list(range(SMALL["max_batch_size"]))

@@ -1,0 +1,434 @@
+"""A real Triton server on the float32 tiny engine, real clients (DESIGN.md "Serving").
+
+One server for the module, on free localhost ports. Greedy outputs through every door (HTTP and
+gRPC unary on `ensemble_unary`, gRPC streaming on `ensemble`, the generate endpoints) equal the
+in-process runtime's; bad requests get clear errors and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import json
+import queue
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+import wave
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tritonclient.grpc")
+pytest.importorskip("tritonclient.http")
+if importlib.util.find_spec("pytriton") is None:
+    pytest.skip("nvidia-pytriton is not installed (make venv)", allow_module_level=True)
+
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from inkling.demo import demo_png, demo_wav  # noqa: E402
+from model_repo.serve import ServeConfig, TritonServer, free_port  # noqa: E402
+from runtime import LLM, SamplingParams  # noqa: E402
+
+MAX_TOKENS = 8
+LIMITS = dict(
+    max_image_bytes=200_000, max_image_pixels=512 * 512, max_audio_bytes=400_000, max_audio_seconds=8.0
+)
+PNG, WAV = demo_png(40, 24), demo_wav(0.5)
+PROMPTS = [
+    {"text": "Hello there, how are you?"},
+    {"text": "A picture <|image|> described:", "images": [PNG]},
+    {"text": "A sound <|audio|> transcribed:", "audios": [WAV]},
+    {
+        "text": "<|image|> and <|audio|> and <|image|>",
+        "images": [demo_png(16, 16), demo_png(50, 33)],
+        "audios": [WAV],
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def server(engine_f32, tmp_path_factory):
+    cfg = ServeConfig(
+        engine_dir=str(engine_f32[1]),
+        work_dir=str(tmp_path_factory.mktemp("serve")),
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        **LIMITS,
+    )
+    with TritonServer(cfg) as s:
+        yield s
+    assert s.process.poll() is not None
+
+
+@pytest.fixture(scope="module")
+def expected(engine_f32):
+    """Greedy outputs of the in-process runtime for PROMPTS."""
+    outs = LLM(engine_f32[1]).generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS))
+    return [(o.text, o.token_ids, o.finish_reason) for o in outs]
+
+
+def inputs(
+    mod, prompt: dict, max_tokens: int = MAX_TOKENS, stream: bool | None = None, b64: bool = False
+) -> list:
+    def add(name, array, dtype):
+        x = mod.InferInput(name, list(array.shape), dtype)
+        x.set_data_from_numpy(array)
+        out.append(x)
+
+    out: list = []
+    add("text_input", np.array([prompt["text"].encode()], dtype=np.object_), "BYTES")
+    for key, name in (("images", "image_data_input"), ("audios", "audio_data_input")):
+        if prompt.get(key):
+            values = [base64.b64encode(v) if b64 else v for v in prompt[key]]
+            add(name, np.array(values, dtype=np.object_), "BYTES")
+    add("max_tokens", np.array([max_tokens], dtype=np.int32), "INT32")
+    if stream is not None:
+        add("stream", np.array([stream]), "BOOL")
+    return out
+
+
+def result(r) -> tuple[str, list[int], str]:
+    return (
+        r.as_numpy("text_output")[0].decode(),
+        r.as_numpy("output_ids").tolist(),
+        r.as_numpy("finish_reason")[0].decode(),
+    )
+
+
+def grpc_stream(url: str, requests: list[tuple[str, list]], timeout: float = 120.0) -> dict[str, list]:
+    """Send requests on one gRPC stream to `ensemble`; the responses of each, by request id."""
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        for rid, ins in requests:
+            client.async_stream_infer("ensemble", ins, request_id=rid)
+        out: dict[str, list] = {rid: [] for rid, _ in requests}
+        done = 0
+        deadline = time.monotonic() + timeout
+        while done < len(requests):
+            res, err = got.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert err is None, err
+            rid = res.get_response().id
+            out[rid].append(res)
+            done += bool(res.as_numpy("finish_reason")[0])
+        return out
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def join(deltas: list) -> tuple[str, list[int], str]:
+    parts = [result(r) for r in deltas]
+    return "".join(p[0] for p in parts), [t for p in parts for t in p[1]], parts[-1][2]
+
+
+def metrics(server) -> dict[str, float]:
+    with urllib.request.urlopen(server.cfg.metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    return {m[1]: float(m[2]) for m in re.finditer(r'^(inkling_\w+\{\w+="\w+"\}) (\S+)$', text, re.M)} | {
+        "_text": text
+    }
+
+
+def cache(server) -> dict[str, float]:
+    m = metrics(server)
+    get = lambda kind: m[f'inkling_kv_cache_blocks{{kv_cache_block_type="{kind}"}}']
+    return {
+        "held": get("used") - get("evictable"),  # blocks no finished request could give back
+        "running": m['inkling_requests{request_state="running"}']
+        + m['inkling_requests{request_state="waiting"}'],
+    }
+
+
+def wait_released(server, timeout: float = 10.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        c = cache(server)
+        if (c["held"] == 0 and c["running"] == 0) or time.monotonic() > deadline:
+            return c
+        time.sleep(0.1)
+
+
+def generate(server, model: str, body: dict, stream: bool = False):
+    route = "generate_stream" if stream else "generate"
+    req = urllib.request.Request(
+        f"http://{server.cfg.http_url}/v2/models/{model}/{route}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        raw = r.read().decode()
+    if not stream:
+        return json.loads(raw)
+    return [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:")]
+
+
+def as_list(x) -> list:
+    """The generate endpoints write a one-element tensor as a scalar."""
+    return x if isinstance(x, list) else [x]
+
+
+def body(prompt: dict, **extra) -> dict:
+    b = {"text_input": prompt["text"], "max_tokens": MAX_TOKENS, **extra}
+    for key, name in (("images", "image_data_input"), ("audios", "audio_data_input")):
+        if prompt.get(key):
+            b[name] = [base64.b64encode(v).decode() for v in prompt[key]]
+    return b
+
+
+def assert_serving(server) -> None:
+    assert server.process.poll() is None, server.log_tail()
+    client = httpclient.InferenceServerClient(server.cfg.http_url)
+    try:
+        assert client.is_server_ready()
+        r = client.infer("ensemble_unary", inputs(httpclient, PROMPTS[0], max_tokens=2))
+        assert r.as_numpy("completion_tokens")[0] == 2
+    finally:
+        client.close()
+
+
+# Correctness through every door.
+def test_http_unary_equals_in_process(server, expected):
+    client = httpclient.InferenceServerClient(server.cfg.http_url)
+    try:
+        for prompt, want in zip(PROMPTS, expected):
+            assert result(client.infer("ensemble_unary", inputs(httpclient, prompt))) == want
+    finally:
+        client.close()
+
+
+def test_grpc_unary_equals_in_process(server, expected):
+    client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
+    try:
+        for prompt, want in zip(PROMPTS, expected):
+            r = client.infer("ensemble_unary", inputs(grpcclient, prompt, b64=True))
+            assert result(r) == want
+            assert r.as_numpy("completion_tokens")[0] == len(want[1])
+    finally:
+        client.close()
+
+
+def test_grpc_streaming_equals_in_process(server, expected):
+    out = grpc_stream(
+        server.cfg.grpc_url, [(f"r{i}", inputs(grpcclient, p, stream=True)) for i, p in enumerate(PROMPTS)]
+    )
+    for i, want in enumerate(expected):
+        assert len(out[f"r{i}"]) > 1, "streamed as one response"
+        assert join(out[f"r{i}"]) == want
+
+
+def test_generate_endpoints_equal_in_process(server, expected):
+    for prompt, want in zip(PROMPTS, expected):
+        r = generate(server, "ensemble_unary", body(prompt))
+        assert (r["text_output"], as_list(r["output_ids"]), r["finish_reason"]) == want
+        assert r["prompt_tokens"] > 0 and r["completion_tokens"] == len(want[1])
+        deltas = generate(server, "ensemble", body(prompt, stream=True), stream=True)
+        ids = [t for d in deltas for t in as_list(d["output_ids"])]
+        assert ("".join(d["text_output"] for d in deltas), ids, deltas[-1]["finish_reason"]) == want
+
+
+def test_16_concurrent_streams_mixed_modalities(server, expected):
+    reqs = [
+        (f"c{i}", inputs(grpcclient, PROMPTS[i % len(PROMPTS)], stream=True, b64=i % 2 == 1))
+        for i in range(16)
+    ]
+    out = grpc_stream(server.cfg.grpc_url, reqs)
+    for i in range(16):
+        assert join(out[f"c{i}"]) == expected[i % len(PROMPTS)], f"request c{i}"
+    assert wait_released(server) == {"held": 0, "running": 0}
+
+
+# Cancellation frees the cache.
+LONG = 200  # tokens: several seconds on the CPU, far longer than the time to cancel
+
+
+def test_cancelled_stream_frees_its_blocks(server):
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("ensemble", inputs(grpcclient, PROMPTS[1], max_tokens=LONG, stream=True))
+    for _ in range(3):
+        res, err = got.get(timeout=60)
+        assert err is None and not res.as_numpy("finish_reason")[0]
+    assert cache(server)["held"] > 0
+    t0 = time.monotonic()
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    assert wait_released(server) == {"held": 0, "running": 0}
+    assert time.monotonic() - t0 < 5
+
+
+CLIENT = """
+import sys, numpy as np, tritonclient.grpc as g
+c = g.InferenceServerClient(sys.argv[1])
+def cb(result, error):
+    print("delta" if error is None else error, flush=True)
+c.start_stream(callback=cb)
+x = g.InferInput("text_input", [1], "BYTES"); x.set_data_from_numpy(np.array([b"Tell me a long story"], dtype=object))
+m = g.InferInput("max_tokens", [1], "INT32"); m.set_data_from_numpy(np.array([{long}], dtype=np.int32))
+s = g.InferInput("stream", [1], "BOOL"); s.set_data_from_numpy(np.array([True]))
+c.async_stream_infer("ensemble", [x, m, s])
+import time; time.sleep(600)
+"""
+
+
+def test_disconnected_client_frees_its_blocks(server):
+    code = textwrap.dedent(CLIENT).replace("{long}", str(LONG))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, server.cfg.grpc_url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "delta"
+        assert cache(server)["held"] > 0
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no goodbye: the connection just drops
+        proc.wait()
+    assert wait_released(server) == {"held": 0, "running": 0}
+
+
+# Bad requests: clear errors, and the server keeps serving.
+def big_png(side: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def wav(seconds: float, rate: int = 16000) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\0\0" * int(seconds * rate))
+    return buf.getvalue()
+
+
+def raw_input(name: str, array: np.ndarray, dtype: str):
+    x = httpclient.InferInput(name, list(array.shape), dtype)
+    x.set_data_from_numpy(array)
+    return x
+
+
+def text_in(value: bytes = b"Hi <|image|>", shape=(1,)):
+    return raw_input(
+        "text_input", np.array([value] * int(np.prod(shape)), dtype=np.object_).reshape(shape), "BYTES"
+    )
+
+
+BAD = {
+    "no text": ([raw_input("max_tokens", np.array([4], dtype=np.int32), "INT32")], "text_input"),
+    "wrong dtype": (
+        [text_in(b"Hi"), raw_input("max_tokens", np.array([4.0], dtype=np.float32), "FP32")],
+        "max_tokens",
+    ),
+    "wrong shape": ([text_in(b"Hi", shape=(2,))], "text_input"),
+    "empty prompt": ([text_in(b"")], "empty"),
+    "undecodable image": (
+        [
+            text_in(),
+            raw_input("image_data_input", np.array([b"\x89PNG not really"], dtype=np.object_), "BYTES"),
+        ],
+        "cannot decode image",
+    ),
+    "not base64": (
+        [
+            text_in(),
+            raw_input("image_data_input", np.array([b"%%% not an image %%%"], dtype=np.object_), "BYTES"),
+        ],
+        "neither a PNG, JPEG or WAV file nor valid base64",
+    ),
+    "undecodable audio": (
+        [
+            text_in(b"Hi <|audio|>"),
+            raw_input("audio_data_input", np.array([b"RIFF\0\0\0\0junk"], dtype=np.object_), "BYTES"),
+        ],
+        "WAV",
+    ),
+    "image over the byte limit": (
+        [
+            text_in(),
+            raw_input(
+                "image_data_input", np.array([b"\x89PNG" + b"\0" * 300_000], dtype=np.object_), "BYTES"
+            ),
+        ],
+        "over the limit of 200000",
+    ),
+    "image over the pixel limit": (
+        [text_in(), raw_input("image_data_input", np.array([big_png(1024)], dtype=np.object_), "BYTES")],
+        "more than the limit of 262144",
+    ),
+    "audio over the byte limit": (
+        [
+            text_in(b"Hi <|audio|>"),
+            raw_input("audio_data_input", np.array([wav(13.0)], dtype=np.object_), "BYTES"),
+        ],
+        "over the limit of 400000",
+    ),
+    "audio over the duration limit": (
+        [
+            text_in(b"Hi <|audio|>"),
+            raw_input("audio_data_input", np.array([wav(9.0, 8000)], dtype=np.object_), "BYTES"),
+        ],
+        "more than the limit of 8.0 s",
+    ),
+    "placeholder without image": ([text_in()], "1 <|image|> placeholder(s) but 0 image(s)"),
+    "max_tokens beyond the engine": (
+        [text_in(b"Hi"), raw_input("max_tokens", np.array([100_000], dtype=np.int32), "INT32")],
+        "max_seq_len",
+    ),
+    "max_tokens zero": (
+        [text_in(b"Hi"), raw_input("max_tokens", np.array([0], dtype=np.int32), "INT32")],
+        "max_tokens",
+    ),
+    "bad top_p": ([text_in(b"Hi"), raw_input("top_p", np.array([1.5], dtype=np.float32), "FP32")], "top_p"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_request_gets_a_clear_error(server, case):
+    ins, message = BAD[case]
+    client = httpclient.InferenceServerClient(server.cfg.http_url)
+    try:
+        with pytest.raises(InferenceServerException, match=re.escape(message)):
+            client.infer("ensemble_unary", ins)
+    finally:
+        client.close()
+
+
+def test_server_keeps_serving_after_bad_requests(server):
+    assert_serving(server)
+    assert wait_released(server) == {"held": 0, "running": 0}
+
+
+def test_bad_streaming_request_ends_its_stream_with_an_error(server):
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        client.async_stream_infer(
+            "ensemble", inputs(grpcclient, {"text": "Hi"}, max_tokens=100_000, stream=True)
+        )
+        res, err = got.get(timeout=30)
+        assert res is None and "max_seq_len" in str(err)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert_serving(server)
+
+
+def test_metrics_endpoint(server):
+    text = metrics(server)["_text"]
+    assert 'nv_inference_request_success{model="ensemble_unary",version="1"}' in text
+    assert 'inkling_kv_cache_blocks{kv_cache_block_type="total"}' in text
