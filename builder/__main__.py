@@ -2,12 +2,17 @@
 
     python -m builder --checkpoint_dir build/inkling-tiny-nvfp4 --output_dir build/engine-tiny \
         [--max_batch_size 8 --max_seq_len 2048 --max_num_tokens 2048 --tp_size 1 --dtype bfloat16 --device cpu]
+        [--export_onnx step.onnx [--onnx_weights inputs|external]]
+
+--export_onnx PATH also writes the step program as ONNX, plugins as nodes of the domain inkling.plugins
+(builder/onnx_export.py); a PATH without a directory goes into the engine's output_dir.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 
@@ -23,6 +28,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--checkpoint_dir", required=True)
     ap.add_argument("--output_dir", required=True)
     ap.add_argument("--force", action="store_true", help="replace an existing output_dir")
+    ap.add_argument("--export_onnx", metavar="PATH", help="also write the step program as ONNX")
+    ap.add_argument(
+        "--onnx_weights",
+        choices=("inputs", "external"),
+        default="inputs",
+        help="ONNX weights as graph inputs, or as initializers in PATH.data",
+    )
     for f in dataclasses.fields(BuildConfig):
         if f.name == "plugin_config":
             continue
@@ -52,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = build(args.checkpoint_dir, BuildConfig(**fields, plugin_config=plugin))
         engine.save(args.output_dir, force=args.force)
+        if args.export_onnx:
+            from .onnx_export import export_onnx
+
+            onnx_path = args.export_onnx
+            if not os.path.dirname(onnx_path):
+                onnx_path = os.path.join(args.output_dir, onnx_path)
+            export_onnx(engine, onnx_path, weights=args.onnx_weights)
+            print(f"[build] ONNX written to {onnx_path}")
     except (ValueError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

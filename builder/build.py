@@ -89,7 +89,7 @@ def build(
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
         log(f"weights: {len(weights)} tensors, {nbytes / 1e9:.3f} GB")
     tuning = {}
-    if "triton" in impls.values():
+    if "triton" in impls.values() and bc.plugin_config.tune:
         with log.phase("tune"):
             tuning = tune_plugins(config, bc, impls, weights, log)
     with log.phase("export"):

@@ -31,6 +31,7 @@ class PluginConfig:
     sconv: str = "auto"
     expert_sink_moe: str = "auto"
     fuse_sconv_kv_write: bool = True
+    tune: bool = True  # time the Triton kernels' tile choices at build time (CUDA engines)
 
     def __post_init__(self) -> None:
         for name in PLUGINS:

@@ -122,11 +122,11 @@ class EngineRunner:
         offset = 0
         for b, (emb, pos) in enumerate(media):
             keep = (pos >= starts[b]) & (pos < starts[b] + q_lens[b])
-            mm_rows.append(emb[keep])
-            mm_pos.append(pos[keep] - starts[b] + offset)
+            mm_rows.append(emb[keep].to(dev))
+            mm_pos.append((pos[keep] - starts[b] + offset).cpu())
             offset += q_lens[b]
         mm_rows.append(torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=dev))
-        mm_pos.append(torch.tensor([T], device=dev))
+        mm_pos.append(torch.tensor([T]))
         logits_idx = torch.arange(T, device=dev) if all_logits else (cu[1:] - 1).long()
         return self.step(
             self.weights, torch.cat(chunks).to(dev), torch.cat(mm_rows), torch.cat(mm_pos).to(dev),

@@ -55,10 +55,15 @@ class InklingReference(nn.Module):
     # Loading.
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
+        cls,
+        path: str | os.PathLike,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str | torch.device = "cpu",
+        cache_dequantized: bool = False,
     ) -> InklingReference:
         """Load any checkpoint that follows the spec, bf16 or NVFP4 (routed experts stay packed and are
-        dequantized per expert as it is used). Tensors are read one at a time, never with pickle."""
+        dequantized per expert as it is used; `cache_dequantized` keeps each expert's dense weight after
+        its first use, for small models). Tensors are read one at a time, never with pickle."""
         from .checkpoint import CheckpointReader
 
         with CheckpointReader(path) as reader:
@@ -68,6 +73,10 @@ class InklingReference(nn.Module):
                 model._assign(name, reader.get(name, device=device), dtype)
         model._check_loaded()
         model.num_real_tokens = _tokenizer_size(path) or model.config.vocab_size
+        if cache_dequantized:
+            for module in model.modules():
+                if hasattr(module, "cache") and hasattr(module, "dequantized_weight"):
+                    module.cache = True
         return model.eval()
 
     @classmethod

@@ -47,6 +47,7 @@ class StreamDelta:
     acceptance_length: float = 1.0
     acceptance_rate: float = 0.0
     error: str | None = None
+    metrics: dict[str, float] | None = None  # on the final delta: ttft_s, itl_s (mean), e2e_s, tokens_per_s
 
 
 @dataclass
@@ -87,6 +88,7 @@ class LLMEngine:
         self.seed = seed
         self.num_requests = 0
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "generated_tokens": 0}
+        self.latency: dict[str, list[float]] = {"ttft_s": [], "itl_s": []}
 
     # Requests.
     def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> None:
@@ -177,7 +179,11 @@ class LLMEngine:
         seq.output_ids.append(out.token)
         self.stats["generated_tokens"] += 1
         now = time.perf_counter()
-        state.first_token_time = state.first_token_time or now
+        if state.first_token_time is None:
+            state.first_token_time = now
+            self.latency["ttft_s"].append(now - state.arrival_time)
+        else:
+            self.latency["itl_s"].append(now - state.last_token_time)
         state.last_token_time = now
         finish = None
         if out.token in self.eos_ids and not params.ignore_eos or out.token in params.stop_token_ids:
@@ -186,6 +192,7 @@ class LLMEngine:
             finish = "length"
         delta = self._delta(state, [out.token], finish, out.logprob)
         if delta.finish_reason is not None:  # length, eos, stop token or stop string
+            delta.metrics = self._request_metrics(state)
             self.requests.pop(seq.request_id, None)
             self.scheduler.finish(seq, delta.finish_reason)
         return delta
@@ -211,6 +218,18 @@ class LLMEngine:
             seq.request_id, text, new, finish, seq.num_prompt, len(seq.output_ids),
             [logprob] if logprob is not None else None,
         )  # fmt: skip
+
+    @staticmethod
+    def _request_metrics(state: RequestState) -> dict[str, float]:
+        n = len(state.seq.output_ids)
+        e2e = state.last_token_time - state.arrival_time
+        decode = state.last_token_time - state.first_token_time
+        return {
+            "ttft_s": state.first_token_time - state.arrival_time,
+            "itl_s": decode / (n - 1) if n > 1 else 0.0,
+            "e2e_s": e2e,
+            "tokens_per_s": n / e2e if e2e > 0 else 0.0,
+        }
 
     @staticmethod
     def _stop_at(text: str, stops: tuple[str, ...]) -> int | None:
@@ -287,3 +306,14 @@ class LLMEngine:
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
         }
+
+    def metrics(self) -> dict[str, float]:
+        """Latency means over the engine's life (time to first token, inter-token latency), cache usage."""
+        out: dict[str, float] = {}
+        for name, values in self.latency.items():
+            out[f"mean_{name}"] = sum(values) / len(values) if values else 0.0
+        usage = self.blocks.usage()
+        out["cache_usage"] = usage["used_blocks"] / usage["total_blocks"]
+        out["generated_tokens"] = self.stats["generated_tokens"]
+        out["preemptions"] = self.scheduler.num_preemptions
+        return out

@@ -127,6 +127,8 @@ def _accumulate(out: RequestOutput, d: StreamDelta) -> None:
     out.prompt_tokens, out.completion_tokens = d.prompt_tokens, d.completion_tokens
     if d.logprobs is not None:
         out.logprobs = (out.logprobs or []) + d.logprobs
+    if d.metrics is not None:
+        out.metrics = d.metrics
 
 
 class EngineLoop:

@@ -13,21 +13,22 @@ from inkling import ops
 from ..nvfp4 import dequantize_nvfp4
 
 
-def dequantize_expert(
+def dequantize_experts(
     w13: torch.Tensor,
     w13_scale: torch.Tensor,
     w13_scale_2: torch.Tensor,
     w2: torch.Tensor,
     w2_scale: torch.Tensor,
     w2_scale_2: torch.Tensor,
-    e: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Expert e's (gate [I, H], up [I, H], down [H, I]) in float32."""
+    experts: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The listed experts' w13 [n, 2I, H] (gate rows, then up rows) and w2 [n, H, I] in float32, in one
+    batched dequantization each (the per-row global scale is gate's or up's, exactly as §9)."""
     I = w13.shape[1] // 2
-    gate = dequantize_nvfp4(w13[e, :I], w13_scale[e, :I], w13_scale_2[e, 0])
-    up = dequantize_nvfp4(w13[e, I:], w13_scale[e, I:], w13_scale_2[e, 1])
-    down = dequantize_nvfp4(w2[e], w2_scale[e], w2_scale_2[e])
-    return gate, up, down
+    scale_2 = w13_scale_2[experts].repeat_interleave(I, dim=1)[:, :, None]  # [n, 2I, 1]
+    gate_up = dequantize_nvfp4(w13[experts], w13_scale[experts], scale_2)
+    down = dequantize_nvfp4(w2[experts], w2_scale[experts], w2_scale_2[experts][:, None, None])
+    return gate_up, down
 
 
 def expert_sink_moe(
@@ -51,10 +52,11 @@ def expert_sink_moe(
     for s in range(shared_w13.shape[0]):
         out = ops.swiglu(x, shared_w13[s, :I].to(dtype), shared_w13[s, I:].to(dtype), shared_w2[s].to(dtype))
         y += p_shared[:, s : s + 1] * out.float()
-    packed = (w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2)
-    for e in torch.unique(idx).tolist():
+    used = torch.unique(idx)
+    gate_up, down = dequantize_experts(w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, used)
+    gate_up, down = gate_up.to(dtype), down.to(dtype)
+    for n, e in enumerate(used.tolist()):
         rows, slot = torch.nonzero(idx == e, as_tuple=True)
-        gate, up, down = dequantize_expert(*packed, e)
-        out = ops.swiglu(x[rows], gate.to(dtype), up.to(dtype), down.to(dtype))
+        out = ops.swiglu(x[rows], gate_up[n, :I], gate_up[n, I:], down[n])
         y.index_add_(0, rows, w_top[rows, slot][:, None] * out.float())
     return y.to(dtype)

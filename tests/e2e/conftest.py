@@ -29,7 +29,7 @@ def engine_bf16(tiny_nvfp4_ckpt_dir):
 
 @pytest.fixture(scope="session")
 def reference(tiny_nvfp4_ckpt_dir):
-    return InklingReference.from_pretrained(tiny_nvfp4_ckpt_dir, dtype=torch.float32)
+    return InklingReference.from_pretrained(tiny_nvfp4_ckpt_dir, dtype=torch.float32, cache_dequantized=True)
 
 
 @pytest.fixture(scope="session")

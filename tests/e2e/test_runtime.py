@@ -181,6 +181,9 @@ def test_stream_equals_generate(llm, prompts):
     assert "".join(d.text for d in deltas) == whole.text
     assert sum((d.token_ids for d in deltas), []) == whole.token_ids
     assert deltas[-1].finish_reason == "length" and deltas[-1].completion_tokens == 6
+    m = deltas[-1].metrics
+    assert 0 < m["ttft_s"] <= m["e2e_s"] and m["itl_s"] > 0 and m["tokens_per_s"] > 0
+    assert whole.metrics["tokens_per_s"] > 0 and llm.engine.metrics()["mean_ttft_s"] > 0
 
 
 def test_invalid_requests_get_clear_errors(llm):

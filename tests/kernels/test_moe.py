@@ -14,7 +14,7 @@ import plugins  # noqa: F401  (registers the ops)
 from inkling import ops
 from plugins.moe import PACKED_NAMES, pack_weights
 from plugins.moe import launcher as moe_launcher
-from plugins.moe.reference import dequantize_expert
+from plugins.moe.reference import dequantize_experts
 from plugins.nvfp4 import dequantize_nvfp4, random_nvfp4
 
 HAS_CUDA = torch.cuda.is_available()
@@ -45,6 +45,15 @@ def _layer(H, I, E, S, top_k, seed=0, dtype=torch.float32):
     shared_w13 = (torch.randn(S, 2 * I, H, generator=g) * 0.05).to(DEVICE, dtype)
     shared_w2 = (torch.randn(S, H, I, generator=g) * 0.05).to(DEVICE, dtype)
     return router, packed, shared_w13, shared_w2
+
+
+def dequantize_expert(w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, e):
+    """Expert e's (gate, up, down) in float32 through the reference op's batched dequantization."""
+    gate_up, down = dequantize_experts(
+        w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, torch.tensor([e])
+    )
+    I = w13.shape[1] // 2
+    return gate_up[0, :I], gate_up[0, I:], down[0]
 
 
 def _args(x, router, packed, shared_w13, shared_w2, E, top_k, tile_configs=""):
