@@ -18,7 +18,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 
-.PHONY: venv test lint unit test-gpu demo synth convert engine clean
+.PHONY: venv test lint unit test-gpu demo synth convert engine serve bench-serving clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,9 @@ $(VENV)/.installed: pyproject.toml
 	python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q torch==2.13.0
 	$(VENV)/bin/pip install -q -e '.[dev]'
+	# The Triton server binary and its Python backend; --no-deps: its numpy<2 pin would downgrade the venv
+	# (the stubs get their own NumPy 1 environment, model_repo/serve.py).
+	$(VENV)/bin/pip install -q --no-deps nvidia-pytriton==0.7.0
 	touch $@
 
 lint: $(STAMP)
@@ -57,9 +60,23 @@ convert: $(TINY_FP4)/config.json
 engine: $(STAMP) $(if $(filter $(TINY_FP4),$(CKPT)),$(TINY_FP4)/config.json)
 	$(PY) -m builder --checkpoint_dir $(CKPT) --output_dir $(ENGINE) --force $(BUILD_ARGS)
 
-# Synthesize, convert, build the engine, run a text+image+audio prompt through the runtime.
+# Synthesize, convert, build the engine; a text+image+audio prompt through the runtime (checked against
+# the reference model), then through Triton Inference Server with tritonclient, streamed.
 demo: engine
 	$(PY) -m runtime.demo --engine_dir $(ENGINE) --model_dir $(CKPT)
+	$(PY) -m model_repo.demo --engine_dir $(ENGINE)
+
+HOST ?= 127.0.0.1
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+SERVE_ARGS ?=
+# Triton on ENGINE= (build it with `make engine`); SERVE_ARGS= e.g. --instances preprocessing=2 --num-blocks N
+serve: $(STAMP)
+	$(PY) -m model_repo.serve --engine $(ENGINE) --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
+
+bench-serving: $(STAMP)
+	$(PY) -m bench.serving --engine $(ENGINE)
 
 clean:
 	rm -rf build

@@ -66,7 +66,7 @@ def build(
             config = reader.config
             tensors: Iterable[tuple[str, torch.Tensor]] = ((n, reader.get(n)) for n in reader.keys())
             tok = os.path.join(os.fspath(source), "tokenizer.json")
-            tokenizer_json = open(tok).read() if os.path.exists(tok) else None
+            tokenizer_json = open(tok, encoding="utf-8").read() if os.path.exists(tok) else None
             generation_config = load_generation_config(source)
             log(f"checkpoint {os.fspath(source)}")
         elif config is None:

@@ -97,7 +97,7 @@ class Engine:
             torch.export.save(program, os.path.join(d, fname))
             files[fname] = None
         if self.tokenizer_json is not None:
-            with open(os.path.join(d, "tokenizer.json"), "w") as f:
+            with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
                 f.write(self.tokenizer_json)
             files["tokenizer.json"] = None
         if self.generation_config is not None:
@@ -145,8 +145,10 @@ class Engine:
             config=config,
             weights=weights,
             programs=programs,
-            tokenizer_json=open(tok_path).read() if os.path.exists(tok_path) else None,
-            generation_config=json.load(open(gen_path)) if os.path.exists(gen_path) else None,
+            tokenizer_json=open(tok_path, encoding="utf-8").read() if os.path.exists(tok_path) else None,
+            generation_config=json.load(open(gen_path, encoding="utf-8"))
+            if os.path.exists(gen_path)
+            else None,
         )
 
 

@@ -39,7 +39,7 @@ import warnings
 from typing import Any
 
 import torch
-from torch.export.graph_signature import InputKind, OutputKind
+from torch.export.graph_signature import OutputKind
 
 import plugins
 
@@ -172,7 +172,7 @@ def _mutations_as_outputs(ep: torch.export.ExportedProgram) -> torch.export.Expo
                 "",
                 ModuleCallSignature(
                     inputs=old.inputs,
-                    outputs=[s.arg for s in specs],
+                    outputs=old.outputs,  # names that survive a retrace; out_spec covers all
                     in_spec=old.in_spec,
                     out_spec=torch.utils._pytree.tree_flatten(tuple(range(len(specs))))[1],
                     forward_arg_names=old.forward_arg_names,
@@ -353,20 +353,9 @@ def export_onnx(
                     ]
                 )
 
-    if weights == "external":
-        from torch.onnx._internal.exporter._core import TorchTensor
-
-        by_input = {"weights_" + re.sub(r"[^0-9a-zA-Z_]", "_", k): (k, t) for k, t in engine.weights.items()}
-        found = [v for v in graph.inputs if v.name in by_input]
-        if len(by_input) != len(engine.weights) or len(found) != len(engine.weights):
-            raise RuntimeError("the engine's weights do not match the graph's weight inputs one to one")
-        for value in found:
-            key, tensor = by_input[value.name]
-            graph.inputs.remove(value)
-            value.name = key
-            value.const_value = TorchTensor(tensor.contiguous(), name=key)
-            graph.register_initializer(value)
-
+    if optimize:  # before the weights become initializers, so that nothing folds them
+        onnx_program.optimize()
+    model = onnx_program.model
     model.doc_string = (
         f"Inkling engine program {program!r}; plugin ops are nodes of the domain {PLUGIN_DOMAIN} "
         "(builder/onnx_export.py)"
@@ -376,8 +365,20 @@ def export_onnx(
     model.metadata_props["inkling.build_config"] = json.dumps(engine.config["build_config"])
     model.metadata_props["inkling.weights"] = weights
     model.opset_imports[PLUGIN_DOMAIN] = PLUGIN_DOMAIN_VERSION
-    if optimize:
-        onnx_program.optimize()
+    if weights == "external":
+        from torch.onnx._internal.exporter._core import TorchTensor
+
+        by_input = {"weights_" + re.sub(r"[^0-9a-zA-Z_]", "_", k): (k, t) for k, t in engine.weights.items()}
+        found = [v for v in model.graph.inputs if v.name in by_input]
+        if len(by_input) != len(engine.weights) or len(found) != len(engine.weights):
+            raise RuntimeError("the engine's weights do not match the graph's weight inputs one to one")
+        for value in found:
+            key, tensor = by_input[value.name]
+            model.graph.inputs.remove(value)
+            value.name = key
+            value.const_value = TorchTensor(tensor.contiguous(), name=key)
+            model.graph.register_initializer(value)
+
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     onnx_program.save(path, external_data=weights == "external")

@@ -23,7 +23,6 @@ from . import output
 from .calibrate import DEFAULT_NUM_PROMPTS, calibrate
 from .errors import ConvertError
 from .quantize import ExpertQuantizer, flat_quant_config, hf_quant_config, modelopt_version
-from .reader import RawTensorReader
 
 HF_QUANT_CONFIG_FILE = "hf_quant_config.json"
 QUANT_METHODS = ("nvfp4",)
@@ -107,9 +106,9 @@ def _stream_tensors(
 ) -> int:
     num_quantized = 0
     bar = tqdm(total=reader.total_bytes, unit="B", unit_scale=True, desc="nvfp4", disable=not progress)
-    with bar, RawTensorReader(reader) as raw:
+    with bar:
         for name in reader.keys():
-            tensor = raw.read(name)
+            tensor = reader.get(name)
             module = routed_expert_module(name)
             if module is None:
                 writer.write(name, tensor)

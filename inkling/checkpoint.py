@@ -3,7 +3,7 @@
 The writer knows every tensor's name, shape and dtype in advance (`tensors.expected_tensors`), so it
 plans the shards and their headers first and then appends each tensor's bytes as it arrives: it never
 holds more than the one tensor it is given. The reader checks a checkpoint against its config.json
-without reading any tensor data, then loads tensors one at a time through `safetensors.safe_open`.
+without reading any tensor data, then loads tensors one at a time with plain reads.
 Nothing here unpickles: a checkpoint is data, never code.
 """
 
@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from .config import ConfigError, InklingConfig
 from .tensors import Spec, expected_tensors
@@ -227,6 +226,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     dtype: torch.dtype
     nbytes: int
+    offset: int  # of its data in the shard file
 
 
 def read_header(path: str) -> dict[str, TensorInfo]:
@@ -264,7 +264,7 @@ def read_header(path: str) -> dict[str, TensorInfo]:
         nbytes = _nbytes(shape, dtype)
         if end - begin != nbytes or begin < 0:
             raise CheckpointError(f"{path}: {tname} has data_offsets {[begin, end]} for {nbytes} bytes")
-        out[tname] = TensorInfo(name, shape, dtype, nbytes)
+        out[tname] = TensorInfo(name, shape, dtype, nbytes, 8 + header_len + begin)
         data_end = max(data_end, end)
     expected = 8 + header_len + data_end
     if file_size != expected:
@@ -321,7 +321,7 @@ class CheckpointReader:
         expected = expected_tensors(self.config)
         self._check_against(expected)
         self._order = list(expected)
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[str, int] = {}  # shard -> file descriptor
 
     def _read_headers(self) -> dict[str, TensorInfo]:
         info: dict[str, TensorInfo] = {}
@@ -396,13 +396,26 @@ class CheckpointReader:
         return sum(t.nbytes for t in self._info.values())
 
     def get(self, name: str, device: str | torch.device = "cpu") -> torch.Tensor:
-        shard = self.shard_of(name)
-        if shard not in self._handles:
-            self._handles[shard] = safe_open(os.path.join(self.path, shard), framework="pt", device="cpu")
-        tensor = self._handles[shard].get_tensor(name)
+        """The tensor as stored, read into its own buffer with plain reads (not mmap, so a streaming
+        pass over a checkpoint larger than memory holds one tensor, not every page it touched)."""
+        info = self._tensor_info(name)
+        if info.shard not in self._handles:
+            self._handles[info.shard] = os.open(os.path.join(self.path, info.shard), os.O_RDONLY)
+        fd = self._handles[info.shard]
+        data = torch.empty(info.nbytes, dtype=torch.uint8)
+        view = memoryview(data.numpy())
+        done = 0
+        while done < info.nbytes:
+            n = os.preadv(fd, [view[done:]], info.offset + done)
+            if n <= 0:
+                raise CheckpointError(f"{info.shard}: unexpected end of file reading {name}")
+            done += n
+        tensor = data.view(info.dtype).reshape(info.shape)
         return tensor if torch.device(device).type == "cpu" else tensor.to(device)
 
     def close(self) -> None:
+        for fd in self._handles.values():
+            os.close(fd)
         self._handles.clear()
 
     def __enter__(self) -> CheckpointReader:

@@ -61,6 +61,7 @@ class ServeConfig:
         PROJECT_ROOT / "build" / "triton-env"
     )  # the stubs' Python environment (prepare_stub_env)
     num_blocks: int = 0  # 0: the runtime's default
+    engine_threads: int = 0  # torch threads of the engine loop (0: torch's default)
     log_verbose: int = 0
 
     def __post_init__(self) -> None:
@@ -171,7 +172,6 @@ def server_env(stub_env: Path, base: Mapping[str, str] | None = None) -> dict[st
     env["PATH"] = f"{stub_env / 'bin'}:{env.get('PATH', '')}"
     env.pop("PYTHONPATH", None)
     env.pop("PYTHONHOME", None)
-    env.setdefault("OMP_NUM_THREADS", "1")  # the stub processes share the cores
     env.pop("TRITON_INTERPRET", None)
     return env
 
@@ -181,6 +181,7 @@ def template_values(cfg: ServeConfig) -> dict[str, str]:
     values = {
         "engine_dir": os.path.abspath(cfg.engine_dir),
         "num_blocks": str(cfg.num_blocks),
+        "engine_threads": str(cfg.engine_threads),
         "max_text_bytes": str(cfg.max_text_bytes),
         "max_images": str(cfg.max_images),
         "max_audios": str(cfg.max_audios),
@@ -283,10 +284,14 @@ class TritonServer:
             return None if self.process is None else self.process.returncode
         self.process.send_signal(signal.SIGINT)
         try:
-            return self.process.wait(timeout)
+            code = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)  # the server and its stubs, started by us
-            return self.process.wait()
+            code = None
+        try:  # the server and any stub it left behind: its own session, started by us
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return self.process.wait() if code is None else code
 
     def log_tail(self, num_chars: int = 6000) -> str:
         try:
@@ -334,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instances", nargs="*", default=[], help="MODEL=COUNT for the stateless models")
     p.add_argument("--stub-env", default=ServeConfig.stub_env, help="the stubs' venv, with NumPy 1")
     p.add_argument("--num-blocks", type=int, default=0, help="KV cache blocks (0: the runtime's default)")
+    p.add_argument("--engine-threads", type=int, default=0, help="torch threads of the engine (0: default)")
     p.add_argument("--log-verbose", type=int, default=0)
     args = p.parse_args(argv)
     cfg = ServeConfig(
@@ -349,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         stub_env=args.stub_env,
         num_blocks=args.num_blocks,
+        engine_threads=args.engine_threads,
         log_verbose=args.log_verbose,
     )
     server = TritonServer(cfg)

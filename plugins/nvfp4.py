@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import torch
 
-# E2M1 code -> value; code = sign << 3 | magnitude index. Code 8 (-0) is +0, as in ModelOpt's table,
-# so that dequantization matches ModelOpt's bit for bit (signed zeros included).
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-BLOCK_SIZE = 16
+# E2M1 code -> value (code 8, -0, is +0 as in ModelOpt's table) and the block size: one definition,
+# the checkpoint format's.
+from inkling.nvfp4 import BLOCK_SIZE, E2M1_VALUES  # noqa: F401
 
 
 def e2m1_table(device: torch.device | str | None = None) -> torch.Tensor:

@@ -180,16 +180,6 @@ def test_non_expert_tensors_bit_identical(tiny_ckpt_dir: str, calibrated_dir: st
         assert b.dtype == torch.bfloat16 and b.shape == a.shape and torch.equal(_bits(a), _bits(b)), name
 
 
-def test_raw_reads_equal_the_checkpoint_reader(tiny_ckpt_dir: str) -> None:
-    from convert.reader import RawTensorReader
-
-    reader = CheckpointReader(tiny_ckpt_dir)
-    with RawTensorReader(reader) as raw:
-        for name in reader.keys():
-            a, b = reader.get(name), raw.read(name)
-            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b)), name
-
-
 def test_quantization_config_files(tiny_ckpt_dir: str, calibrated_dir: str, uncalibrated_dir: str) -> None:
     import modelopt
 

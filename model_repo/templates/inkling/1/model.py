@@ -58,6 +58,9 @@ class TritonPythonModel:
         self.hidden_size = int(engine["pretrained_config"]["hidden_size"])
         self.dtype = getattr(torch, engine["dtype"])
         num_blocks = int(parameter(cfg, "num_blocks", "0")) or None
+        num_threads = int(parameter(cfg, "num_threads", "0"))
+        if num_threads:
+            torch.set_num_threads(num_threads)
         self.loop = EngineLoop(engine_dir, num_blocks=num_blocks)
         self.in_flight: dict[str, InFlight] = {}
         self.lock = threading.Lock()
