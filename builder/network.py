@@ -22,8 +22,6 @@ from inkling.config import InklingConfig
 
 from .config import BuildConfig
 
-CONV_SITES = ("k", "v", "o", "m")
-
 
 def kv_group_size(c: InklingConfig) -> int:
     """Layers are grouped by kind into groups of this many layers (gcd of the two kinds' counts), so the

@@ -25,33 +25,38 @@ class Prompt:
 
 
 class EngineRunner:
-    def __init__(self, engine: Engine, num_blocks: int | None = None):
+    """The engine's programs, weights and caches on a device; the runtime's ModelRunner extends it."""
+
+    def __init__(self, engine: Engine, num_blocks: int | None = None, device: str | None = None):
         self.engine = engine
-        self.config = engine.model_config
+        self.config = c = engine.model_config
         self.build = engine.build_config
         self.layout = engine.config["cache_layout"]
-        self.device = torch.device(engine.device)
+        self.device = torch.device(device or engine.device)
         self.dtype = getattr(torch, engine.config["dtype"])
         self.weights = {k: v.to(self.device) for k, v in engine.weights.items()}
         self.step = engine.programs["step"].module()
         self.vision = engine.programs["vision"].module()
         self.audio = engine.programs["audio"].module()
         self.num_groups = len(self.layout["group_windows"])
-        bs, mb = self.build.tokens_per_block, self.build.max_blocks_per_seq
-        self.num_blocks = num_blocks or self.num_groups * self.build.max_batch_size * mb
-        c = self.config
-        kv_shape = (self.num_blocks, bs, c.num_key_value_heads, c.head_dim)
-        self.key_caches = [
-            torch.zeros(kv_shape, dtype=self.dtype, device=self.device)
-            for _ in range(self.layout["pool_size"])
-        ]
-        self.value_caches = [
-            torch.zeros(kv_shape, dtype=self.dtype, device=self.device)
-            for _ in range(self.layout["pool_size"])
-        ]
-        S = c.sconv_kernel_size - 1 + self.build.max_draft_len
+        self.num_blocks = (
+            num_blocks or self.num_groups * self.build.max_batch_size * self.build.max_blocks_per_seq
+        )
+        kv_shape = (self.num_blocks, self.build.tokens_per_block, c.num_key_value_heads, c.head_dim)
+        pool = self.layout["pool_size"]
+        self.key_caches = [torch.zeros(kv_shape, dtype=self.dtype, device=self.device) for _ in range(pool)]
+        self.value_caches = [torch.zeros(kv_shape, dtype=self.dtype, device=self.device) for _ in range(pool)]
+        self.state_rows = c.sconv_kernel_size - 1 + self.build.max_draft_len
         self.conv_states = [
-            torch.zeros(self.build.max_batch_size, S, C, dtype=self.dtype, device=self.device)
+            torch.zeros(self.build.max_batch_size, self.state_rows, C, dtype=self.dtype, device=self.device)
+            for C in self.conv_channels()
+        ]
+
+    def conv_channels(self) -> list[int]:
+        """Channels of each sconv state, layer by layer, sites k, v, o, m (the step program's order)."""
+        c = self.config
+        return [
+            C
             for _ in range(c.num_hidden_layers)
             for C in (c.kv_size, c.kv_size, c.hidden_size, c.hidden_size)
         ]

@@ -95,7 +95,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         ids = prompt.input_ids.tolist()
-        self._validate(ids, params, prompt)
+        self.validate(ids, params, prompt)
         positions = prompt.mm_positions.tolist() if prompt.mm_positions is not None else []
         embeds = prompt.mm_embeds
         digests = {}
@@ -110,7 +110,8 @@ class LLMEngine:
         self.requests[request_id] = RequestState(seq, detok, generator)
         self.scheduler.add(seq)
 
-    def _validate(self, ids: list[int], params: SamplingParams, prompt: PromptInput) -> None:
+    def validate(self, ids: list[int], params: SamplingParams, prompt: PromptInput) -> None:
+        """Raise ValueError with a clear message for a request this engine cannot serve."""
         bc = self.build
         if not ids:
             raise ValueError("empty prompt")

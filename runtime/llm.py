@@ -157,7 +157,7 @@ class EngineLoop:
     ) -> None:
         """Queue a request; invalid ones raise ValueError here, in the caller's thread."""
         prepared = self.llm.prepare(prompt)
-        self.engine._validate(prepared.input_ids.tolist(), params, prepared)
+        self.engine.validate(prepared.input_ids.tolist(), params, prepared)
         self._inbox.put(("add", request_id, prepared, params, on_delta))
         self._wake.set()
 

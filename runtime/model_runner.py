@@ -11,49 +11,25 @@ import torch
 
 import plugins  # noqa: F401  (the programs call torch.ops.inkling.*)
 from builder.engine import Engine
+from builder.runner import EngineRunner
 from inkling.processing import image_patches
 
 from .block_manager import FREED
 from .scheduler import ScheduledSeq
 
-CONV_SITES = 4  # k, v, o, m per layer
 
+class ModelRunner(EngineRunner):
+    """EngineRunner's programs and caches, stepped from the scheduler's batches, plus the sconv
+    snapshots of prefix-cache restore points."""
 
-class ModelRunner:
     def __init__(self, engine: Engine, num_blocks: int | None = None, device: str | None = None):
-        self.engine = engine
-        self.config = c = engine.model_config
-        self.build = engine.build_config
-        self.layout = engine.config["cache_layout"]
-        self.device = torch.device(device or engine.device)
-        self.dtype = getattr(torch, engine.config["dtype"])
-        self.weights = {k: v.to(self.device) for k, v in engine.weights.items()}
-        self.step_program = engine.programs["step"].module()
-        self.vision_program = engine.programs["vision"].module()
-        self.audio_program = engine.programs["audio"].module()
-        self.num_groups = len(self.layout["group_windows"])
+        super().__init__(engine, num_blocks, device)
         self.block_size = self.build.tokens_per_block
-        self.num_blocks = (
-            num_blocks or self.num_groups * self.build.max_batch_size * self.build.max_blocks_per_seq
-        )
-        kv_shape = (self.num_blocks, self.block_size, c.num_key_value_heads, c.head_dim)
-        pool = self.layout["pool_size"]
-        self.key_caches = [torch.zeros(kv_shape, dtype=self.dtype, device=self.device) for _ in range(pool)]
-        self.value_caches = [torch.zeros(kv_shape, dtype=self.dtype, device=self.device) for _ in range(pool)]
-        self.K1 = c.sconv_kernel_size - 1
-        self.state_rows = self.K1 + self.build.max_draft_len
-        channels = [
-            C
-            for _ in range(c.num_hidden_layers)
-            for C in (c.kv_size, c.kv_size, c.hidden_size, c.hidden_size)
-        ]
-        self.conv_states = [
-            torch.zeros(self.build.max_batch_size, self.state_rows, C, dtype=self.dtype, device=self.device)
-            for C in channels
-        ]
+        self.K1 = self.config.sconv_kernel_size - 1
         # The last K-1 sconv inputs at a prefix-cache restore point, one slot per cache entry.
         self.snapshots = [
-            torch.zeros(self.num_blocks, self.K1, C, dtype=self.dtype, device=self.device) for C in channels
+            torch.zeros(self.num_blocks, self.K1, C, dtype=self.dtype, device=self.device)
+            for C in self.conv_channels()
         ]
 
     # Media.
@@ -63,8 +39,8 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Embeddings of the image pads then the audio pads: ([Ni, H], [Na, H])."""
         H = self.config.hidden_size
-        img = [self.vision_program(image_patches(x).to(self.device, self.dtype)) for x in images]
-        aud = [self.audio_program(x.to(self.device)) for x in audios]
+        img = [self.vision(image_patches(x).to(self.device, self.dtype)) for x in images]
+        aud = [self.audio(x.to(self.device)) for x in audios]
         empty = torch.zeros(0, H, dtype=self.dtype, device=self.device)
         return (torch.cat(img) if img else empty), (torch.cat(aud) if aud else empty)
 
@@ -95,7 +71,7 @@ class ModelRunner:
                     mm_pos.append(int(cu[b]) + p - s.start)
         mm_rows.append(torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=dev))
         mm_pos.append(T)
-        logits, _ = self.step_program(
+        logits, _ = self.step(
             self.weights,
             torch.cat(ids).to(dev),
             torch.cat([r.to(dev, self.dtype) for r in mm_rows]),
