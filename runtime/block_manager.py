@@ -59,6 +59,8 @@ class BlockManager:
         self.ref = [0] * num_blocks
         self.cache: OrderedDict[bytes, CacheEntry] = OrderedDict()  # LRU order: oldest first
         self.snapshots_free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.cached_blocks: set[int] = set()  # blocks some cache entry holds
+        self.num_evictable = 0  # of those, the ones only an entry holds (ref == 1)
         self.stats = {"prefix_hits": 0, "prefix_hit_tokens": 0, "evictions": 0}
 
     # Pool.
@@ -68,10 +70,12 @@ class BlockManager:
 
     def num_free(self) -> int:
         """Blocks free now, plus blocks held only by cache entries (evictable)."""
-        return len(self.free) + self._evictable_blocks()
+        return len(self.free) + self.num_evictable
 
-    def _evictable_blocks(self) -> int:
-        return sum(1 for e in self.cache.values() for b in e.blocks if b != FREED and self.ref[b] == 1)
+    def _incref(self, b: int) -> None:
+        if b in self.cached_blocks and self.ref[b] == 1:
+            self.num_evictable -= 1
+        self.ref[b] += 1
 
     def _take(self) -> int:
         while not self.free and self.cache:
@@ -90,10 +94,15 @@ class BlockManager:
             self.free.append(b)
         elif self.ref[b] < 0:
             raise RuntimeError(f"block {b} released twice")
+        elif self.ref[b] == 1 and b in self.cached_blocks:
+            self.num_evictable += 1
 
     def _evict_one(self) -> None:
         _, entry = self.cache.popitem(last=False)
         for b in entry.blocks:
+            self.cached_blocks.discard(b)
+            if self.ref[b] == 1:
+                self.num_evictable -= 1
             self._release(b)
         if entry.snapshot is not None:
             self.snapshots_free.append(entry.snapshot)
@@ -174,7 +183,8 @@ class BlockManager:
             if FREED in blocks:
                 return None  # a sliding block already freed: nothing complete to keep
             for b in blocks:
-                self.ref[b] += 1
+                self._incref(b)
+                self.cached_blocks.add(b)
             entry = self.cache[key] = CacheEntry(blocks)
         self.cache.move_to_end(key)
         if want_snapshot and entry.snapshot is None and self.snapshots_free:
@@ -202,7 +212,7 @@ class BlockManager:
             raise ValueError("adopt() starts a fresh sequence")
         for key, entry in zip(keys, entries):
             for g, b in enumerate(entry.blocks):
-                self.ref[b] += 1
+                self._incref(b)
                 seq.tables[g].append(b)
             seq.hashes.append(key)
             self.cache.move_to_end(key)
@@ -216,6 +226,6 @@ class BlockManager:
             "free_blocks": len(self.free),
             "used_blocks": used,
             "cached_entries": len(self.cache),
-            "evictable_blocks": self._evictable_blocks(),
+            "evictable_blocks": self.num_evictable,
             **self.stats,
         }

@@ -202,9 +202,8 @@ class LLMEngine:
         seq = state.seq
         text = ""
         if state.detok is not None:
-            skip = seq.params.ignore_eos is False and new and new[-1] in self.eos_ids
-            if new and not skip:
-                state.detok.add(new)
+            if new:
+                state.detok.add(new)  # special tokens (eos included) decode to nothing
             if finish is not None:
                 state.detok.flush()
             full = state.detok.text

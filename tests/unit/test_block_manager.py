@@ -54,3 +54,38 @@ def test_prefix_cache_register_lookup_adopt_and_evict():
     big = bm.new_sequence()
     bm.allocate(big, 16 * 12)  # needs all 24 blocks: both entries are evicted
     assert bm.usage()["cached_entries"] == 0 and bm.stats["evictions"] == 2
+
+
+def test_evictable_count_matches_a_recount_under_random_use():
+    """The O(1) evictable counter against a recount, over random allocations, registrations, adoptions,
+    window frees and releases."""
+    import random
+
+    rng = random.Random(0)
+    bm = manager(num_blocks=64)
+    live = []
+    for step in range(400):
+        op = rng.random()
+        if op < 0.4 or not live:
+            seq = bm.new_sequence()
+            n = rng.randrange(1, 5)
+            toks = [[rng.randrange(3) for _ in range(16)] for _ in range(n)]
+            keys, entries = bm.lookup([(t, b"") for t in toks])
+            k = rng.randrange(len(entries) + 1)
+            bm.adopt(seq, keys[:k], entries[:k])
+            try:
+                bm.allocate(seq, 16 * n)
+            except MemoryError:
+                bm.release(seq)
+                continue
+            for i in range(k, n):
+                bm.register(seq, i, toks[i], b"", want_snapshot=rng.random() < 0.5)
+            live.append(seq)
+        elif op < 0.6:
+            seq = rng.choice(live)
+            bm.free_behind_windows(seq, 16 * seq.num_blocks() + rng.randrange(60))
+        else:
+            bm.release(live.pop(rng.randrange(len(live))))
+        recount = sum(1 for e in bm.cache.values() for b in e.blocks if b != FREED and bm.ref[b] == 1)
+        assert bm.num_evictable == recount, step
+        assert len(bm.free) + sum(1 for r in bm.ref if r > 0) == bm.num_blocks
