@@ -18,7 +18,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 
-.PHONY: venv test lint unit test-gpu demo synth convert engine serve bench-serving clean
+.PHONY: venv test lint unit test-gpu demo synth convert engine serve bench bench-serving clean
 
 venv: $(STAMP)
 
@@ -74,6 +74,13 @@ SERVE_ARGS ?=
 # Triton on ENGINE= (build it with `make engine`); SERVE_ARGS= e.g. --instances preprocessing=2 --num-blocks N
 serve: $(STAMP)
 	$(PY) -m model_repo.serve --engine $(ENGINE) --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
+
+# The end-to-end workload (8K in / 1K out) on inkling-bench, synthesized and built in GPU memory:
+# `make GPU=1 bench` on the GPU host; BENCH_ARGS= to change shapes (e.g. the CPU smoke shape of
+# tests/e2e/test_bench_smoke.py).
+BENCH_ARGS ?= --preset inkling-bench --device cuda
+bench: $(STAMP)
+	$(PY) -m bench.e2e $(BENCH_ARGS) --out build/bench-e2e
 
 bench-serving: $(STAMP)
 	$(PY) -m bench.serving --engine $(ENGINE)

@@ -44,9 +44,17 @@ def chain_hash(parent: bytes, tokens: list[int], media: bytes = b"") -> bytes:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, group_windows: list[int], window_margin: int):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        group_windows: list[int],
+        window_margin: int,
+        num_snapshots: int | None = None,
+    ):
         """group_windows[g]: 0 for full attention, W for sliding; window_margin: tokens a sequence may be
-        rolled back by (max_draft_len), kept beyond the window."""
+        rolled back by (max_draft_len), kept beyond the window; num_snapshots: sconv snapshot slots for
+        restore points (default one per block)."""
         if num_blocks < len(group_windows):
             raise ValueError(
                 f"{num_blocks} blocks cannot hold one block per layer group ({len(group_windows)})"
@@ -58,7 +66,8 @@ class BlockManager:
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.ref = [0] * num_blocks
         self.cache: OrderedDict[bytes, CacheEntry] = OrderedDict()  # LRU order: oldest first
-        self.snapshots_free: list[int] = list(range(num_blocks - 1, -1, -1))
+        num_snapshots = num_blocks if num_snapshots is None else num_snapshots
+        self.snapshots_free: list[int] = list(range(num_snapshots - 1, -1, -1))
         self.cached_blocks: set[int] = set()  # blocks some cache entry holds
         self.num_evictable = 0  # of those, the ones only an entry holds (ref == 1)
         self.stats = {"prefix_hits": 0, "prefix_hit_tokens": 0, "evictions": 0}

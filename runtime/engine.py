@@ -82,6 +82,7 @@ class LLMEngine:
             bc.tokens_per_block,
             engine.config["cache_layout"]["group_windows"],
             bc.max_draft_len,
+            self.runner.num_snapshots,
         )
         self.scheduler = Scheduler(self.blocks, bc.max_batch_size, bc.max_num_tokens)
         self.requests: dict[str, RequestState] = {}

@@ -15,6 +15,8 @@ from builder.runner import EngineRunner
 from inkling.processing import image_patches
 
 from .block_manager import FREED
+
+MAX_SNAPSHOTS = 1024
 from .scheduler import ScheduledSeq
 
 
@@ -26,9 +28,11 @@ class ModelRunner(EngineRunner):
         super().__init__(engine, num_blocks, device)
         self.block_size = self.build.tokens_per_block
         self.K1 = self.config.sconv_kernel_size - 1
-        # The last K-1 sconv inputs at a prefix-cache restore point, one slot per cache entry.
+        # The last K-1 sconv inputs at prefix-cache restore points. Each slot holds K-1 rows of every
+        # site (on inkling-1t about 2.8 MB), so their number is capped, not one per block.
+        self.num_snapshots = min(self.num_blocks, MAX_SNAPSHOTS)
         self.snapshots = [
-            torch.zeros(self.num_blocks, self.K1, C, dtype=self.dtype, device=self.device)
+            torch.zeros(self.num_snapshots, self.K1, C, dtype=self.dtype, device=self.device)
             for C in self.conv_channels()
         ]
 

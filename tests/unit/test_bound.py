@@ -1,0 +1,23 @@
+"""The hardware bound against GPU.md's worked figures for inkling-bench."""
+
+import pytest
+
+from bench.bound import decode_step_bytes, prefill_flops
+from inkling.config import preset
+
+
+def test_decode_step_bytes_match_gpu_md():
+    """GPU.md: about 7.32 GB per step at 8K context, 1.68 ms at 4.35 TB/s, about 594 tokens/s."""
+    b = decode_step_bytes(preset("inkling-bench"), 8192)
+    assert b.total == pytest.approx(7.32e9, rel=0.01)
+    assert b.seconds == pytest.approx(1.68e-3, rel=0.01)
+    assert 1 / b.seconds == pytest.approx(594, rel=0.01)
+    assert b.lm_head == pytest.approx(2.87e9, rel=0.01)
+
+
+def test_more_experts_cost_more_bytes_and_prefill_grows_with_context():
+    c = preset("inkling-bench")
+    extra = 6 * 43 * 3 * 2560 * 7168 * 0.5625  # 43 more NVFP4 experts in each of 6 layers
+    more = decode_step_bytes(c, 8192, distinct_experts=49).total
+    assert more == pytest.approx(decode_step_bytes(c, 8192).total + extra)
+    assert prefill_flops(c, 2048) < prefill_flops(c, 4096) / 1.9
