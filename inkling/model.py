@@ -205,3 +205,16 @@ class InklingReference(nn.Module):
                 break
             ids = torch.cat([ids, ids.new_tensor([token])])
         return torch.tensor(new, dtype=torch.long)
+
+    def draft(
+        self,
+        input_ids: torch.Tensor,
+        num_draft_tokens: int,
+        images: Sequence[torch.Tensor] | None = None,
+        audios: Sequence[torch.Tensor] | None = None,
+        h0: torch.Tensor | None = None,
+    ) -> list[int]:
+        """Greedy MTP drafts from x[0..N+1] by full recomputation (§5 Decoding): see `inkling.mtp.draft`."""
+        from .mtp import draft
+
+        return draft(self, input_ids, num_draft_tokens, images, audios, h0)

@@ -15,9 +15,9 @@ from builder.runner import EngineRunner
 from inkling.processing import image_patches
 
 from .block_manager import FREED
-
-MAX_SNAPSHOTS = 1024
 from .scheduler import ScheduledSeq
+
+MAX_SNAPSHOTS = 1024  # sconv snapshot slots of prefix-cache restore points
 
 
 class ModelRunner(EngineRunner):

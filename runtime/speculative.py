@@ -1,0 +1,179 @@
+"""Speculative decoding's acceptance, pure torch (no engine): greedy exact match, Leviathan et al.'s
+rejection sampling, acceptance statistics and an adaptive number of drafts.
+
+A step verifies k drafts d_0..d_{k-1} with the main model's k+1 rows of logits (or probabilities):
+row i is the target distribution for the token at draft i's place, given the prefix and d_0..d_{i-1};
+row k is the bonus row, used when all k drafts are accepted. Every step emits between 1 and k+1
+tokens: the accepted drafts, then one token of the target's own (the correction at the first
+rejection, or the bonus). Rows must already be cut to the real vocabulary (no padded rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+def _check(draft_ids: Sequence[int], target: torch.Tensor, name: str) -> int:
+    k = len(draft_ids)
+    if target.dim() != 2 or target.shape[0] < k + 1:
+        raise ValueError(f"{name} must be [k+1, V] = [{k + 1}, V] for {k} drafts, got {list(target.shape)}")
+    return k
+
+
+def greedy_accept(draft_ids: Sequence[int], target_logits: torch.Tensor) -> tuple[list[int], int]:
+    """Exact match: accept drafts while each equals the argmax of its target row, then append the
+    target's argmax at the first mismatch (or the bonus row's argmax after all k).
+
+    Returns (emitted tokens, number of accepted drafts); len(emitted) == accepted + 1. This is what
+    greedy decoding without drafts would emit, token for token. torch.argmax takes the first index
+    among exact ties, as the greedy sampler does.
+    """
+    k = _check(draft_ids, target_logits, "target_logits")
+    targets = target_logits[: k + 1].argmax(dim=-1).tolist()
+    accepted: list[int] = []
+    for i, d in enumerate(draft_ids):
+        if int(d) != targets[i]:
+            return [*accepted, targets[i]], i
+        accepted.append(int(d))
+    return [*accepted, targets[k]], k
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def rejection_sample(
+    draft_ids: Sequence[int],
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """Speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023): the emitted tokens
+    are distributed exactly as sampling from the target autoregressively.
+
+    draft_probs [k, V]: row i is the distribution draft i was drawn from, q_i. target_probs [k+1, V]:
+    p_i (rows summing to 1, after temperature/top-k/top-p). For each i in order: accept d_i with
+    probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection emit a sample of
+    normalize(max(0, p_i - q_i)) and stop; if all k are accepted, emit a bonus sample of p_k.
+    Returns the emitted tokens (accepted drafts, then the correction or bonus): the number of
+    accepted drafts is len(result) - 1.
+
+    Greedy (argmax) drafts: pass q_i one-hot at d_i (`one_hot_probs`). Then d_i is accepted with
+    probability p_i(d_i), and a rejection samples p_i with d_i removed: the output is still exactly p_i.
+
+    Edge cases. The test is written u * q < p with u ~ U[0, 1), so no division: q(d) = 0 (a draft
+    its own distribution could not have drawn) is accepted iff p(d) > 0 (min(1, p/0) = 1), and a
+    token with p(d) = 0 is never accepted. When the residual max(0, p - q) is all zeros (p <= q
+    everywhere, i.e. p == q, so a rejection happens only through rounding), the correction is
+    sampled from p itself. `generator` must live on the tensors' device.
+    """
+    k = _check(draft_ids, target_probs, "target_probs")
+    if draft_probs.shape[0] < k or draft_probs.shape[-1] != target_probs.shape[-1]:
+        raise ValueError(
+            f"draft_probs must be [k, V] = [{k}, {target_probs.shape[-1]}], got {list(draft_probs.shape)}"
+        )
+    p_all, q_all = target_probs.double(), draft_probs.double()
+    device = p_all.device
+    emitted: list[int] = []
+    for i, d in enumerate(draft_ids):
+        d = int(d)
+        p, q = p_all[i], q_all[i]
+        u = torch.rand((), generator=generator, device=device, dtype=torch.float64)
+        if bool(u * q[d] < p[d]):
+            emitted.append(d)
+            continue
+        residual = (p - q).clamp(min=0)
+        if not bool(residual.sum() > 0):
+            residual = p
+        return [*emitted, _sample(residual, generator)]
+    return [*emitted, _sample(p_all[k], generator)]
+
+
+def one_hot_probs(draft_ids: Sequence[int], vocab_size: int, device=None) -> torch.Tensor:
+    """draft_probs [k, V] for greedy drafts: each row one-hot at its draft."""
+    q = torch.zeros(len(draft_ids), vocab_size, device=device)
+    if len(draft_ids):
+        q[torch.arange(len(draft_ids), device=device), torch.tensor(list(draft_ids), device=device)] = 1.0
+    return q
+
+
+@dataclass
+class AcceptanceStats:
+    """Counts over the steps of one sequence (or one engine), and an EMA per draft position.
+
+    Position i (1-based) is *proposed* in a step that drafted >= i tokens and *accepted* when drafts
+    1..i were all accepted; `acceptance_rates[i-1]` = accepted / proposed is that unconditional rate
+    (the chance that drafting position i yields a token). `ema[i-1]` follows the same 0/1 outcome
+    with weight `alpha`, updated only in steps that proposed position i; it starts at 1.0
+    (optimistic: draft everything until evidence says otherwise).
+    """
+
+    max_drafts: int = 8
+    alpha: float = 0.1
+    steps: int = 0
+    tokens: int = 0  # emitted, bonus/correction included
+    proposed: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    ema: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        n = self.max_drafts
+        self.proposed = self.proposed or [0] * n
+        self.accepted = self.accepted or [0] * n
+        self.ema = self.ema or [1.0] * n
+
+    def update(self, num_drafts: int, num_accepted: int) -> None:
+        """Record one step that drafted `num_drafts` tokens and accepted the first `num_accepted`."""
+        if not 0 <= num_accepted <= num_drafts <= self.max_drafts:
+            raise ValueError(
+                f"need 0 <= accepted ({num_accepted}) <= drafts ({num_drafts}) <= {self.max_drafts}"
+            )
+        self.steps += 1
+        self.tokens += num_accepted + 1
+        for i in range(num_drafts):
+            hit = i < num_accepted
+            self.proposed[i] += 1
+            self.accepted[i] += hit
+            self.ema[i] = (1 - self.alpha) * self.ema[i] + self.alpha * float(hit)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per step, bonus included (1.0 means no draft was ever accepted); steps that
+        drafted nothing count, with their one token."""
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rates(self) -> list[float]:
+        """Per draft position: accepted / proposed (0.0 where never proposed)."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted, self.proposed)]
+
+
+def next_num_drafts(
+    stats: AcceptanceStats,
+    requested: int,
+    threshold: float = 0.25,
+    floor: float = 0.05,
+    probe_interval: int = 32,
+) -> int:
+    """How many drafts the next step makes, at most `requested` (and at most stats.max_drafts).
+
+    - Probe: every `probe_interval`-th step (stats.steps % probe_interval == 0, so also the first)
+      drafts `requested`, so that positions no longer drafted keep being measured and can recover.
+    - Otherwise, if ema[0] (position 1) < `floor`: 0 drafts (speculation is not paying at all).
+    - Otherwise the longest prefix 1..n whose positions 2..n all have ema >= `threshold`; position 1
+      is always kept (n >= 1) while its ema is at least the floor.
+    """
+    requested = min(requested, stats.max_drafts)
+    if requested <= 0:
+        return 0
+    if probe_interval > 0 and stats.steps % probe_interval == 0:
+        return requested
+    if stats.ema[0] < floor:
+        return 0
+    n = 1
+    while n < requested and stats.ema[n] >= threshold:
+        n += 1
+    return n
