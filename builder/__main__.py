@@ -38,6 +38,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for f in dataclasses.fields(BuildConfig):
         if f.name == "plugin_config":
             continue
+        if f.name == "compile":
+            ap.add_argument(
+                "--compile", action="store_true", help="torch.compile at build and save the compiler caches"
+            )
+            continue
         ap.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
     for f in dataclasses.fields(PluginConfig):
         kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(f.default, bool) else str

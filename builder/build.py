@@ -122,7 +122,33 @@ def build(
             "pool_size": CacheLayout.of(config).pool_size,
         },
     }
-    return Engine(engine_config, weights, programs, tokenizer_json, generation_config, log.lines)
+    engine = Engine(engine_config, weights, programs, tokenizer_json, generation_config, log.lines)
+    if bc.compile:
+        with log.phase("compile"):
+            engine.compile_cache = compile_step(engine)
+            log(f"compiler cache artifacts: {len(engine.compile_cache or b'') / 1e6:.2f} MB")
+    return engine
+
+
+def compile_step(engine: Engine) -> bytes | None:
+    """torch.compile the step program on a prefill and a decode step (the shapes a runtime meets first)
+    and return the compiler's cache artifacts, which the engine carries to every load."""
+    import dataclasses
+    import io
+
+    from .runner import EngineRunner, Prompt
+
+    # Compile the program as a load will see it (after save and load), so the cache keys match.
+    buf = io.BytesIO()
+    torch.export.save(engine.programs["step"], buf)
+    buf.seek(0)
+    reloaded = dataclasses.replace(engine, programs={**engine.programs, "step": torch.export.load(buf)})
+    runner = EngineRunner(reloaded, compile=True)
+    prompts = [Prompt(torch.arange(1, 20)), Prompt(torch.arange(1, 7))]
+    runner.generate(prompts, 3)
+    runner.generate(prompts[:1], 2)
+    artifacts = torch.compiler.save_cache_artifacts()
+    return None if artifacts is None else artifacts[0]
 
 
 def arrange_weights(

@@ -70,6 +70,10 @@ class BuildConfig:
     dtype: str = "bfloat16"
     device: str = "cpu"
     tp_size: int = 1
+    # torch.compile the step program at build and save the compiler's cache artifacts in the engine, so
+    # that a load compiles from them. Off by default: not yet run on the GPU, and on the CPU the saved
+    # artifacts missed Inductor's FX graph cache in a fresh process (BENCHMARKS.md).
+    compile: bool = False
     plugin_config: PluginConfig = field(default_factory=PluginConfig)
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ An engine directory holds (TensorRT-LLM's layout, DESIGN.md "Engine"):
                                 quantization, device, dtype, programs, files (size and sha256)
     rank0.safetensors           weights in the layout the plugin ops read
     rank0.<program>.pt2         step programs exported with torch.export (weights are inputs)
+    rank0.compile_cache.bin     torch.compile's cache artifacts for the step program (when built with compile)
     tokenizer.json, generation_config.json
     build.log
 
@@ -56,6 +57,7 @@ class Engine:
     tokenizer_json: str | None = None
     generation_config: dict[str, Any] | None = None
     build_log: list[str] = field(default_factory=list)
+    compile_cache: bytes | None = None  # torch.compiler cache artifacts of the step program, from the build
 
     @property
     def model_config(self) -> InklingConfig:
@@ -96,6 +98,10 @@ class Engine:
             fname = f"rank0.{name}.pt2"
             torch.export.save(program, os.path.join(d, fname))
             files[fname] = None
+        if self.compile_cache is not None:
+            with open(os.path.join(d, "rank0.compile_cache.bin"), "wb") as f:
+                f.write(self.compile_cache)
+            files["rank0.compile_cache.bin"] = None
         if self.tokenizer_json is not None:
             with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
                 f.write(self.tokenizer_json)
@@ -141,7 +147,11 @@ class Engine:
                 raise EngineError(f"cannot load program {name!r} of engine {engine_dir}: {e}") from e
         tok_path = os.path.join(engine_dir, "tokenizer.json")
         gen_path = os.path.join(engine_dir, "generation_config.json")
+        cache_path = os.path.join(engine_dir, "rank0.compile_cache.bin")
         return cls(
+            compile_cache=open(cache_path, "rb").read()
+            if "rank0.compile_cache.bin" in config["files"]
+            else None,
             config=config,
             weights=weights,
             programs=programs,

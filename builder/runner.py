@@ -27,7 +27,15 @@ class Prompt:
 class EngineRunner:
     """The engine's programs, weights and caches on a device; the runtime's ModelRunner extends it."""
 
-    def __init__(self, engine: Engine, num_blocks: int | None = None, device: str | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        num_blocks: int | None = None,
+        device: str | None = None,
+        compile: bool | None = None,
+    ):
+        """compile: torch.compile the step program (default: when the engine was built with compile),
+        seeded with the compiler cache artifacts the build saved."""
         self.engine = engine
         self.config = c = engine.model_config
         self.build = engine.build_config
@@ -36,6 +44,10 @@ class EngineRunner:
         self.dtype = getattr(torch, engine.config["dtype"])
         self.weights = {k: v.to(self.device) for k, v in engine.weights.items()}
         self.step = engine.programs["step"].module()
+        if engine.build_config.compile if compile is None else compile:
+            if engine.compile_cache is not None:
+                torch.compiler.load_cache_artifacts(engine.compile_cache)
+            self.step = torch.compile(self.step, dynamic=True)
         self.vision = engine.programs["vision"].module()
         self.audio = engine.programs["audio"].module()
         self.num_groups = len(self.layout["group_windows"])

@@ -143,3 +143,18 @@ def test_save_refuses_to_overwrite(engine_f32):
 def test_bf16_checkpoint_must_be_converted_first(tiny_ckpt_dir):
     with pytest.raises(ValueError, match="convert it first"):
         build(tiny_ckpt_dir, BuildConfig(**SMALL), echo=False)
+
+
+def test_compiled_engine_equals_eager(tiny_nvfp4_ckpt_dir, engine_f32, prompts, tmp_path):
+    """--compile: the step program compiled at build (its cache artifacts saved in the engine) and at
+    load gives the eager engine's tokens and logits."""
+    eager_out, eager_logits = EngineRunner(engine_f32[0]).generate(prompts[:2], 3, return_logits=True)
+    engine = build(tiny_nvfp4_ckpt_dir, BuildConfig(dtype="float32", compile=True, **SMALL), echo=False)
+    assert engine.compile_cache and "phase compile" in "\n".join(engine.build_log)
+    engine.save(tmp_path / "compiled")
+    loaded = Engine.from_dir(tmp_path / "compiled")
+    assert loaded.compile_cache == engine.compile_cache
+    out, logits = EngineRunner(loaded).generate(prompts[:2], 3, return_logits=True)
+    assert out == eager_out
+    for a, b in zip(logits, eager_logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
