@@ -43,8 +43,8 @@ def _check_layout(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale
 
 
 def unpack_codes(weight: torch.Tensor) -> torch.Tensor:
-    """uint8 [out, in/2] -> the 4-bit codes, uint8 [out, in]: low nibble is the even column."""
-    return torch.stack((weight & 0x0F, weight >> 4), dim=-1).reshape(weight.shape[0], -1)
+    """uint8 [..., out, in/2] -> the 4-bit codes, uint8 [..., out, in]: low nibble is the even column."""
+    return torch.stack((weight & 0x0F, weight >> 4), dim=-1).flatten(-2)
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:

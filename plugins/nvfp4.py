@@ -10,18 +10,11 @@ import torch
 
 # E2M1 code -> value (code 8, -0, is +0 as in ModelOpt's table) and the block size: one definition,
 # the checkpoint format's.
-from inkling.nvfp4 import BLOCK_SIZE, E2M1_VALUES  # noqa: F401
+from inkling.nvfp4 import BLOCK_SIZE, E2M1_VALUES, unpack_codes  # noqa: F401
 
 
 def e2m1_table(device: torch.device | str | None = None) -> torch.Tensor:
     return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
-
-
-def unpack_codes(weight_u8: torch.Tensor) -> torch.Tensor:
-    """uint8 [..., in/2] -> int64 codes [..., in]; the low nibble is the even column."""
-    lo = (weight_u8 & 0x0F).long()
-    hi = (weight_u8 >> 4).long()
-    return torch.stack([lo, hi], dim=-1).flatten(-2)
 
 
 def dequantize_nvfp4(
@@ -31,7 +24,7 @@ def dequantize_nvfp4(
 
     Leading batch dimensions are allowed on all three (e.g. [E, out, in/2] with weight_scale_2 [E, 1, 1]).
     """
-    values = e2m1_table(weight_u8.device)[unpack_codes(weight_u8)]  # [..., out, in]
+    values = e2m1_table(weight_u8.device)[unpack_codes(weight_u8).long()]  # [..., out, in]
     block_scale = weight_scale.to(torch.float32) * weight_scale_2.to(torch.float32)  # [..., out, in/16]
     scale = block_scale.repeat_interleave(BLOCK_SIZE, dim=-1)
     return values * scale

@@ -11,6 +11,8 @@ import torch
 
 from inkling import ops
 
+from ..attention.reference import kv_cache_write
+
 
 def sconv(
     x: torch.Tensor,  # [T, C]
@@ -35,19 +37,6 @@ def sconv(
             hist = torch.cat([state[slot], xb.to(state.dtype)], dim=0)
             state[slot] = hist[-S:]
     return y
-
-
-def kv_cache_write(
-    k: torch.Tensor,  # [T, Hkv, D]
-    v: torch.Tensor,
-    key_cache: torch.Tensor,  # [NB, BS, Hkv, D], mutated
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # int64 [T], -1 = skip
-) -> None:
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    key_cache.view(-1, *key_cache.shape[2:])[slots] = k[keep].to(key_cache.dtype)
-    value_cache.view(-1, *value_cache.shape[2:])[slots] = v[keep].to(value_cache.dtype)
 
 
 def sconv_kv_write(
