@@ -94,11 +94,21 @@ def build(
             tuning = tune_plugins(config, bc, impls, weights, log)
     with log.phase("export"):
         moe_tiles = json.dumps(tuning["expert_sink_moe"]) if "expert_sink_moe" in tuning else ""
-        programs = {"step": export_step(config, bc, impls, weights, device, dtype, moe_tiles)}
+        step_weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
+        programs = {"step": export_step(config, bc, impls, step_weights, device, dtype, moe_tiles)}
+        if has_heads(config, bc):
+            programs["mtp_head"] = export_head(config, bc, impls, weights, device, dtype)
         programs.update(export_encoders(config, bc, encoder_tensors, device, dtype))
         log(f"programs: {sorted(programs)}")
     ops = {}
-    for name in ("sheared_bias_attention", "kv_cache_write", "sconv", "sconv_kv_write", "expert_sink_moe"):
+    for name in (
+        "sheared_bias_attention",
+        "kv_cache_write",
+        "sconv",
+        "sconv_kv_write",
+        "expert_sink_moe",
+        "mtp_draft",
+    ):
         spec = plugins.get(name)
         impl = impls.get(name, impls["sconv"] if "sconv" in name else impls["sheared_bias_attention"])
         ops[name] = {
@@ -160,7 +170,8 @@ def arrange_weights(
     """Checkpoint tensors -> the engine's weights (step program) and the encoders' tensors.
 
     Routed experts are gathered per layer and packed by the MoE plugin once the layer is complete;
-    shared experts are fused to w13 [S, 2I, H] and w2 [S, H, I]; MTP heads wait for their issue."""
+    shared experts are fused to w13 [S, 2I, H] and w2 [S, H, I]; MTP heads (`mtp.*`) keep their names
+    (the head program's weights; the step program takes the others)."""
     from plugins.moe import pack_weights
 
     weights: dict[str, torch.Tensor] = {}
@@ -169,8 +180,6 @@ def arrange_weights(
     shared: dict[int, dict[tuple[int, str], torch.Tensor]] = {}
     E, S = config.num_routed_experts, config.num_shared_experts
     for name, tensor in tqdm(tensors, desc="weights", unit="tensor", leave=False, disable=None):
-        if name.startswith("mtp."):
-            continue  # the MTP issue adds the draft program
         if name.startswith(("vision.", "audio.")):
             encoders[name] = tensor.to(device=device, dtype=dtype)
             continue
@@ -300,6 +309,70 @@ def export_step(
     module = StepProgram(config, bc, impls, moe_tiles)
     with torch.no_grad():
         return torch.export.export(module, (weights, *example.values()), dynamic_shapes=dynamic)
+
+
+def has_heads(config: InklingConfig, bc: BuildConfig) -> bool:
+    """Whether the engine carries the MTP head program: the checkpoint has heads, the build allows
+    drafts, and there is a full-attention group for the heads' KV to share (docs/interfaces.md)."""
+    return config.num_mtp_heads > 0 and bc.max_draft_len > 0 and CacheLayout.of(config).group_windows[0] == 0
+
+
+def head_weights(weights: dict[str, torch.Tensor], m: int) -> dict[str, torch.Tensor]:
+    """Head m's (1-based) inputs of the head program: its tensors without the prefix, and embed_tokens."""
+    prefix = f"mtp.{m - 1}."
+    out = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+    out["embed_tokens"] = weights["model.embed_tokens.weight"]
+    return out
+
+
+def export_head(config, bc, impls, weights, device, dtype) -> torch.export.ExportedProgram:
+    """The MTP head program (builder.network.HeadProgram), traced with head 1's weights."""
+    from .network import HeadProgram
+
+    w = head_weights(weights, 1)
+    step, (T, B) = step_example(config, bc, device, dtype)
+    S = config.sconv_kernel_size - 1 + bc.max_draft_len
+    H = config.hidden_size
+    conv = [
+        torch.zeros(bc.max_batch_size, S, C, dtype=dtype, device=device)
+        for C in (config.kv_size, config.kv_size, H)
+    ]
+    example = dict(
+        h_prev=torch.zeros(T, H, dtype=dtype, device=device),
+        input_ids=step["input_ids"],
+        mm_embeds=step["mm_embeds"],
+        mm_positions=step["mm_positions"],
+        cu_seqlens_q=step["cu_seqlens_q"],
+        seq_lens=step["seq_lens"],
+        block_table=step["block_tables"][0],
+        slot_mapping=step["slot_mappings"][0],
+        state_indices=step["state_indices"],
+        key_cache=step["key_caches"][0],
+        value_cache=step["value_caches"][0],
+        conv_states=conv,
+    )
+    Tn = Dim("num_tokens", min=1, max=bc.max_num_tokens)
+    Bd = Dim("batch", min=1, max=bc.max_batch_size)
+    M = Dim("num_mm", min=1, max=bc.max_num_tokens + 1)
+    NB = Dim("num_blocks", min=2, max=MAX_BLOCKS_DIM)
+    dynamic = {
+        "weights": {k: None for k in w},
+        "h_prev": {0: Tn},
+        "input_ids": {0: Tn},
+        "mm_embeds": {0: M},
+        "mm_positions": {0: M},
+        "cu_seqlens_q": {0: Bd + 1},
+        "seq_lens": {0: Bd},
+        "block_table": {0: Bd},
+        "slot_mapping": {0: Tn},
+        "state_indices": {0: Bd},
+        "key_cache": {0: NB},
+        "value_cache": {0: NB},
+        "conv_states": [None] * 3,
+    }
+    module = HeadProgram(config, bc, impls)
+    with torch.no_grad():
+        return torch.export.export(module, (w, *example.values()), dynamic_shapes=dynamic)
 
 
 def export_encoders(config, bc, tensors, device, dtype) -> dict[str, torch.export.ExportedProgram]:

@@ -11,7 +11,7 @@ from typing import Any
 
 DTYPES = ("bfloat16", "float32")
 DEVICES = ("cpu", "cuda")
-PLUGINS = ("sheared_bias_attention", "sconv", "expert_sink_moe")
+PLUGINS = ("sheared_bias_attention", "sconv", "expert_sink_moe", "mtp_draft")
 
 
 class BuildError(ValueError):
@@ -30,6 +30,7 @@ class PluginConfig:
     sheared_bias_attention: str = "auto"
     sconv: str = "auto"
     expert_sink_moe: str = "auto"
+    mtp_draft: str = "auto"
     fuse_sconv_kv_write: bool = True
     tune: bool = True  # time the Triton kernels' tile choices at build time (CUDA engines)
 

@@ -60,6 +60,11 @@ class Engine:
     compile_cache: bytes | None = None  # torch.compiler cache artifacts of the step program, from the build
 
     @property
+    def step_weights(self) -> dict[str, torch.Tensor]:
+        """The step program's weights: all but the MTP heads' (`mtp.*`, the head program's)."""
+        return {k: v for k, v in self.weights.items() if not k.startswith("mtp.")}
+
+    @property
     def model_config(self) -> InklingConfig:
         return InklingConfig.from_dict(self.config["pretrained_config"])
 

@@ -95,7 +95,7 @@ class StepProgram(nn.Module):
         e = torch.cat([e, e.new_zeros(1, e.shape[1])])
         return e.index_copy(0, mm_positions, mm_embeds.to(e.dtype))[:-1]
 
-    def attention(self, w, p, x, layer, meta, key_cache, value_cache, conv):
+    def attention(self, w, p, x, window, meta, key_cache, value_cache, conv):
         c = self.c
         T = x.shape[0]
         cu, seq_lens, state_idx, block_table, slot_mapping = meta
@@ -121,8 +121,7 @@ class StepProgram(nn.Module):
             q.reshape(T, c.num_attention_heads, c.head_dim).contiguous(),
             r.reshape(T, c.num_attention_heads, c.rel_head_dim).contiguous(),
             w[f"{p}.rel_embed"], key_cache, value_cache, block_table, cu, seq_lens,
-            T, self.layout.group_windows[self.layout.group_of_layer[layer]],
-            self.scale, self.impls["sheared_bias_attention"],
+            T, window, self.scale, self.impls["sheared_bias_attention"],
         )  # fmt: skip
         a = o.reshape(T, -1) @ w[f"{p}.o_proj.weight"].T
         return torch.ops.inkling.sconv(a, w[f"{p}.sconv_o.weight"], conv[2], state_idx, cu, impl)
@@ -165,7 +164,7 @@ class StepProgram(nn.Module):
             conv = conv_states[4 * i : 4 * i + 4]
             h = x + self.attention(
                 w, f"{p}.self_attn", rms_norm(x, w[f"{p}.input_layernorm.weight"], c.rms_norm_eps),
-                i, meta, key_caches[j], value_caches[j], conv,
+                lay.group_windows[g], meta, key_caches[j], value_caches[j], conv,
             )  # fmt: skip
             x = h + self.moe(
                 w,
@@ -176,3 +175,50 @@ class StepProgram(nn.Module):
             )
         normed = rms_norm(x[logits_indices], w["model.norm.weight"], c.rms_norm_eps)
         return (normed @ w["lm_head.weight"].T).float(), x
+
+
+class HeadProgram(StepProgram):
+    """One MTP head's pass (INKLING_SPEC §5) over a ragged batch, with the head's own paged KV and
+    sconv states: forward(weights, h_prev, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens,
+    block_table, slot_mapping, state_indices, key_cache, value_cache, conv_states) -> h^m [T, H].
+
+    The same program serves every head: `weights` holds one head's tensors without their `mtp.{m}.`
+    prefix, plus `embed_tokens` (the main model's embedding table). Row t of h_prev is
+    h^{m-1} at the head position t, and input_ids[t] is the token m places ahead (a draft where it is
+    not known yet); image/audio pads are spliced as in the step. block_table [B, MB] and slot_mapping
+    [T] are those of the full-attention group 0 (the heads are full-attention layers; docs/interfaces.md
+    "MTP heads"). conv_states: sites k, v, o. The drafts themselves come from `inkling::mtp_draft` on
+    the rows that draft (the runtime picks them), so catching up a head costs no lm_head pass.
+    """
+
+    def forward(
+        self,
+        weights: dict[str, torch.Tensor],
+        h_prev: torch.Tensor,
+        input_ids: torch.Tensor,
+        mm_embeds: torch.Tensor,
+        mm_positions: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        state_indices: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        conv_states: list[torch.Tensor],
+    ) -> torch.Tensor:
+        c, w = self.c, weights
+        eps = c.rms_norm_eps
+        e = w["embed_tokens"][input_ids]
+        e = torch.cat([e, e.new_zeros(1, e.shape[1])])
+        e = e.index_copy(0, mm_positions, mm_embeds.to(e.dtype))[:-1]
+        u = torch.cat([rms_norm(h_prev, w["hnorm.weight"], eps), rms_norm(e, w["enorm.weight"], eps)], -1)
+        u = u @ w["eh_proj.weight"].T
+        meta = (cu_seqlens_q, seq_lens, state_indices, block_table, slot_mapping)
+        h = u + self.attention(
+            w, "self_attn", rms_norm(u, w["input_layernorm.weight"], eps), 0, meta, key_cache, value_cache,
+            conv_states,
+        )  # fmt: skip
+        x = rms_norm(h, w["post_attention_layernorm.weight"], eps)
+        ffn = torch.nn.functional.silu(x @ w["mlp.gate_proj.weight"].T) * (x @ w["mlp.up_proj.weight"].T)
+        return h + ffn @ w["mlp.down_proj.weight"].T

@@ -368,9 +368,10 @@ def export_onnx(
     if weights == "external":
         from torch.onnx._internal.exporter._core import TorchTensor
 
-        by_input = {"weights_" + re.sub(r"[^0-9a-zA-Z_]", "_", k): (k, t) for k, t in engine.weights.items()}
+        step_weights = engine.step_weights
+        by_input = {"weights_" + re.sub(r"[^0-9a-zA-Z_]", "_", k): (k, t) for k, t in step_weights.items()}
         found = [v for v in model.graph.inputs if v.name in by_input]
-        if len(by_input) != len(engine.weights) or len(found) != len(engine.weights):
+        if len(by_input) != len(step_weights) or len(found) != len(step_weights):
             raise RuntimeError("the engine's weights do not match the graph's weight inputs one to one")
         for value in found:
             key, tensor = by_input[value.name]

@@ -14,6 +14,7 @@ import torch
 import plugins  # noqa: F401  (the programs call torch.ops.inkling.*)
 from inkling.processing import image_patches
 
+from .encoder_graphs import GraphedEncoder
 from .engine import Engine
 
 
@@ -42,14 +43,19 @@ class EngineRunner:
         self.layout = engine.config["cache_layout"]
         self.device = torch.device(device or engine.device)
         self.dtype = getattr(torch, engine.config["dtype"])
-        self.weights = {k: v.to(self.device) for k, v in engine.weights.items()}
+        weights = {k: v.to(self.device) for k, v in engine.weights.items()}
+        self.weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
         self.step = engine.programs["step"].module()
         if engine.build_config.compile if compile is None else compile:
             if engine.compile_cache is not None:
                 torch.compiler.load_cache_artifacts(engine.compile_cache)
             self.step = torch.compile(self.step, dynamic=True)
-        self.vision = engine.programs["vision"].module()
-        self.audio = engine.programs["audio"].module()
+        self.vision, self.audio = (
+            GraphedEncoder(
+                engine.programs[k].module(), k, self.device, self.dtype, engine_config=engine.config
+            )
+            for k in ("vision", "audio")
+        )
         self.num_groups = len(self.layout["group_windows"])
         self.num_blocks = (
             num_blocks or self.num_groups * self.build.max_batch_size * self.build.max_blocks_per_seq
@@ -62,6 +68,30 @@ class EngineRunner:
         self.conv_states = [
             torch.zeros(self.build.max_batch_size, self.state_rows, C, dtype=self.dtype, device=self.device)
             for C in self.conv_channels()
+        ]
+        self._init_heads(weights, kv_shape)
+
+    def _init_heads(self, weights: dict[str, torch.Tensor], kv_shape: tuple[int, ...]) -> None:
+        """The MTP head program, each head's weights, and its own KV (sharing the block table of the
+        full-attention group 0) and sconv states (sites k, v, o); docs/interfaces.md "MTP heads"."""
+        from .build import head_weights
+
+        c = self.config
+        self.num_heads = c.num_mtp_heads if "mtp_head" in self.engine.programs else 0
+        self.head = self.engine.programs["mtp_head"].module() if self.num_heads else None
+        self.head_weights = [head_weights(weights, m) for m in range(1, self.num_heads + 1)]
+        self.head_key_caches = [
+            torch.zeros(kv_shape, dtype=self.dtype, device=self.device) for _ in self.head_weights
+        ]
+        self.head_value_caches = [torch.zeros_like(t) for t in self.head_key_caches]
+        self.head_conv_states = [
+            [
+                torch.zeros(
+                    self.build.max_batch_size, self.state_rows, C, dtype=self.dtype, device=self.device
+                )
+                for C in (c.kv_size, c.kv_size, c.hidden_size)
+            ]
+            for _ in self.head_weights
         ]
 
     def conv_channels(self) -> list[int]:
@@ -154,6 +184,9 @@ class EngineRunner:
     def reset(self) -> None:
         for t in self.conv_states:
             t.zero_()
+        for states in self.head_conv_states:
+            for t in states:
+                t.zero_()
 
     @torch.no_grad()
     def generate(

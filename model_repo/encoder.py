@@ -1,6 +1,7 @@
 """The image_encoder and audio_encoder models: run one of the engine's exported encoder programs,
-eager on the CPU, on what `preprocessing` produced; the output rows are the embeddings of the pad
-tokens of that modality, in placeholder order."""
+replayed from CUDA graphs per shape bucket when a GPU is present (eager on the CPU), on what
+`preprocessing` produced; the output rows are the embeddings of the pad tokens of that modality, in
+placeholder order."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.export.passes import move_to_device_pass
 
 import plugins  # noqa: F401  (the programs may call torch.ops.inkling.*)
+from builder.encoder_graphs import GraphedEncoder
 from builder.engine import read_engine_config
 from model_repo.tensors import RequestError, error, load_model_config, parameter, require, tensor
 
@@ -30,7 +33,17 @@ class EncoderModel:
         self.num_mels, self.num_levels = audio["num_mels"], audio["num_levels"]
         self.frame_stack = audio["frame_stack"]
         path = os.path.join(engine_dir, f"rank0.{self.program_name}.pt2")
-        self.program = torch.export.load(path).module()
+        # An indexed device: the programs assert their input's device, and cuda != cuda:0.
+        self.device = torch.device(
+            f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        )
+        program = torch.export.load(path)
+        if engine["device"] != self.device.type:  # e.g. a CPU engine served on a GPU host
+            program = move_to_device_pass(program, self.device)
+        self.program = GraphedEncoder(
+            program.module(), self.program_name, self.device, self.dtype, engine_config=engine
+        )
+        self.program.warmup()  # capture every bucket now, not on the first requests
         torch.set_num_threads(1)
 
     def execute(self, requests: list) -> list:
@@ -44,7 +57,7 @@ class EncoderModel:
             if x.shape[0 if self.program_name == "vision" else 1] == 0:
                 out = torch.zeros(0, 0)
             else:
-                out = self.program(x.to(self.dtype) if x.is_floating_point() else x)
+                out = self.program(x.to(self.device, self.dtype if x.is_floating_point() else x.dtype))
             return _response(self.output_name, out)
         except RequestError as e:
             return error(str(e))
@@ -70,4 +83,4 @@ class EncoderModel:
 def _response(name: str, out: torch.Tensor) -> Any:
     import triton_python_backend_utils as pb_utils
 
-    return pb_utils.InferenceResponse(output_tensors=[tensor(name, out.float().numpy(), np.float32)])
+    return pb_utils.InferenceResponse(output_tensors=[tensor(name, out.float().cpu().numpy(), np.float32)])

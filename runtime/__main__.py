@@ -22,10 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top_k", type=int, default=0)
     ap.add_argument("--top_p", type=float, default=1.0)
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--num_draft_tokens", type=int, default=0, help="MTP drafts per step (0..8)")
     args = ap.parse_args(argv)
     try:
         llm = LLM(args.engine_dir)
-        params = SamplingParams(args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed)
+        params = SamplingParams(
+            args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+            num_draft_tokens=args.num_draft_tokens,
+        )  # fmt: skip
         prompt = {
             "text": args.prompt,
             "images": [open(f, "rb").read() for f in args.image],

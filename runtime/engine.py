@@ -19,11 +19,12 @@ from builder.engine import Engine
 
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
-from .model_runner import ModelRunner
+from .model_runner import HeadWork, ModelRunner
 from .params import SamplingParams
-from .sampler import make_generator, sample
+from .sampler import filter_logits, make_generator, sample
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
+from .speculative import AcceptanceStats, greedy_accept, next_num_drafts, one_hot_probs, rejection_sample
 
 
 @dataclass
@@ -60,6 +61,7 @@ class RequestState:
     last_token_time: float | None = None
     emitted: int = 0  # characters of detok.text already streamed
     steps: int = 0
+    acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
 
 
 class LLMEngine:
@@ -90,6 +92,9 @@ class LLMEngine:
         self.num_requests = 0
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "generated_tokens": 0}
         self.latency: dict[str, list[float]] = {"ttft_s": [], "itl_s": []}
+        self.acceptance = AcceptanceStats()  # over every MTP step of the engine's life
+        # Tests only: replace the heads' drafts before verification, (request_id, tokens, drafts) -> drafts.
+        self.draft_override = None
 
     # Requests.
     def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> None:
@@ -104,6 +109,7 @@ class LLMEngine:
             rows = embeds.detach().to("cpu", torch.float32).contiguous()
             digests = {p: hashlib.sha256(rows[i].numpy().tobytes()).digest() for i, p in enumerate(positions)}
         seq = Sequence(request_id, ids, params, positions, embeds, digests)
+        seq.head_computed = [0] * min(params.num_draft_tokens, self.runner.num_heads)
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + self.num_requests) % 2**63
         self.num_requests += 1
         generator = None if params.greedy else make_generator(seed)
@@ -132,9 +138,10 @@ class LLMEngine:
         m = 0 if prompt.mm_positions is None else len(prompt.mm_positions)
         if m != (0 if prompt.mm_embeds is None else prompt.mm_embeds.shape[0]):
             raise ValueError("mm_embeds and mm_positions disagree in length")
-        if params.num_draft_tokens:
+        if params.num_draft_tokens > self.runner.num_heads:
             raise ValueError(
-                "num_draft_tokens > 0 needs MTP speculative decoding, which this engine does not run yet"
+                f"num_draft_tokens {params.num_draft_tokens} exceeds this engine's {self.runner.num_heads} MTP "
+                "heads" + ("" if self.runner.num_heads else " (built without heads or with max_draft_len 0)")
             )
 
     def abort_request(self, request_id: str) -> StreamDelta | None:
@@ -159,47 +166,141 @@ class LLMEngine:
             if s.seq.restore_snapshot is not None:
                 self.runner.restore_snapshot(s.seq.slot, s.seq.restore_snapshot)
                 s.seq.restore_snapshot = None
-        logits = self.runner.run(batch)
+        logits, rows, hidden = self.runner.run(batch)
         self.stats["steps"] += 1
-        deltas = []
+        deltas, heads = [], []
+        offset = 0
         for b, s in enumerate(batch):
             seq = s.seq
             prompt_part = max(0, min(seq.num_prompt, s.start + s.num_tokens) - s.start)
             self.stats["prefill_tokens"] += prompt_part
             self.stats["decode_tokens"] += s.num_tokens - prompt_part
             seq.num_computed += s.num_tokens
-            self._register_blocks(seq, s)
-            self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
-            if s.samples:
-                deltas.append(self._sample(seq, logits[b]))
-        return [d for d in deltas if d is not None]
+            delta = self._sample(s, logits[rows[b] : rows[b + 1]]) if s.samples else None
+            if delta is None or delta.finish_reason is None:
+                self._register_blocks(seq, s)
+                self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
+                if seq.params.num_draft_tokens and self.runner.num_heads:
+                    kept = seq.num_computed - s.start
+                    heads.append((seq, hidden[offset : offset + kept], s.start))
+            if delta is not None:
+                deltas.append(delta)
+                if delta.finish_reason is not None:
+                    self.requests.pop(seq.request_id, None)
+                    self.scheduler.finish(seq, delta.finish_reason)
+            offset += s.num_tokens
+        if heads:
+            self._draft(heads)
+        return deltas
 
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> StreamDelta | None:
+    def _sample(self, s: ScheduledSeq, logits: torch.Tensor) -> StreamDelta:
+        """The sequence's next tokens from its rows of logits: one sample, or with MTP drafts their
+        verification (greedy: exact match; sampling: rejection sampling), emitting 1..k+1 tokens.
+        Rolls the caches back over rejected drafts."""
+        seq = s.seq
         state = self.requests[seq.request_id]
         params = seq.params
-        out = sample(logits[: self.num_real_tokens], params, state.generator)
-        seq.output_ids.append(out.token)
-        self.stats["generated_tokens"] += 1
+        real = logits[:, : self.num_real_tokens]
+        k = s.num_drafts
+        decode = s.num_tokens - k == 1 and bool(seq.output_ids)
+        if k == 0:
+            out = sample(real[0], params, state.generator)
+            tokens, logprobs = [out.token], ([out.logprob] if out.logprob is not None else None)
+        else:
+            drafts = seq.drafts[:k]
+            if params.greedy:
+                tokens, _ = greedy_accept(drafts, real)
+            else:
+                probs = torch.softmax(torch.stack([filter_logits(r, params) for r in real]), -1).cpu()
+                q = one_hot_probs(drafts, probs.shape[-1])
+                tokens = rejection_sample(drafts, q, probs, state.generator)
+            logprobs = None
+            if params.logprobs is not None:
+                logp = torch.log_softmax(real.float(), -1)
+                logprobs = [float(logp[i, t]) for i, t in enumerate(tokens)]
+        if decode and params.num_draft_tokens:
+            state.acceptance.update(k, len(tokens) - 1)
+            self.acceptance.update(k, len(tokens) - 1)
+        seq.drafts = []
+        # Emit up to the first stop (eos, stop token, max_tokens).
+        finish = None
+        emitted = []
+        for token in tokens:
+            seq.output_ids.append(token)
+            emitted.append(token)
+            if token in self.eos_ids and not params.ignore_eos or token in params.stop_token_ids:
+                finish = "stop"
+            elif len(seq.output_ids) >= params.max_tokens:
+                finish = "length"
+            if finish:
+                break
+        if logprobs is not None:
+            logprobs = logprobs[: len(emitted)]
+        if finish is None and k:
+            back = seq.num_computed - (len(seq) - 1)  # rejected drafts fed this step
+            self.runner.rollback(seq.slot, back)
+            seq.num_computed -= back
+            self.blocks.truncate(seq.blocks, len(seq))
+            self._settle_heads(seq)
+        self.stats["generated_tokens"] += len(emitted)
         now = time.perf_counter()
         if state.first_token_time is None:
             state.first_token_time = now
             self.latency["ttft_s"].append(now - state.arrival_time)
         else:
-            self.latency["itl_s"].append(now - state.last_token_time)
+            self.latency["itl_s"].extend([(now - state.last_token_time) / len(emitted)] * len(emitted))
         state.last_token_time = now
-        finish = None
-        if out.token in self.eos_ids and not params.ignore_eos or out.token in params.stop_token_ids:
-            finish = "stop"
-        elif len(seq.output_ids) >= params.max_tokens:
-            finish = "length"
-        delta = self._delta(state, [out.token], finish, out.logprob)
+        delta = self._delta(state, emitted, finish, logprobs)
         if delta.finish_reason is not None:  # length, eos, stop token or stop string
             delta.metrics = self._request_metrics(state)
-            self.requests.pop(seq.request_id, None)
-            self.scheduler.finish(seq, delta.finish_reason)
         return delta
 
-    def _delta(self, state: RequestState, new: list[int], finish: str | None, logprob=None) -> StreamDelta:
+    # MTP drafting.
+    def _settle_heads(self, seq: Sequence) -> None:
+        """After verification: roll each head back to its states whose inputs are all real tokens.
+
+        The heads' last round stood on drafts head_drafts from token index drafts_from on; those that
+        equal the tokens now known count as real. Head m's state at position t reads tokens up to t+m,
+        so it stays valid iff t + m < drafts_from + (number of head drafts that proved right)."""
+        if seq.drafts_from is None:
+            return
+        known = seq.tokens[seq.drafts_from :]
+        right = 0
+        while right < min(len(known), len(seq.head_drafts)) and known[right] == seq.head_drafts[right]:
+            right += 1
+        for m in range(1, len(seq.head_computed) + 1):
+            valid = min(seq.head_computed[m - 1], seq.drafts_from + right - m)
+            self.runner.rollback(seq.slot, seq.head_computed[m - 1] - valid, head=m)
+            seq.head_computed[m - 1] = valid
+        seq.head_drafts, seq.drafts_from = [], None
+
+    def _draft(self, heads: list[tuple[Sequence, torch.Tensor, int]]) -> None:
+        """Run the MTP heads of the sequences that stepped: catch up over new positions and draft the
+        next step's tokens (num_drafts from the acceptance policy)."""
+        work = []
+        for seq, rows, start in heads:
+            state = self.requests[seq.request_id]
+            self._settle_heads(seq)
+            requested = min(seq.params.num_draft_tokens, self.runner.num_heads)
+            num_drafts = 0
+            if not seq.is_prefill:  # the next step feeds one token: draft behind it
+                remaining = seq.params.max_tokens - len(seq.output_ids) - 1
+                num_drafts = min(
+                    next_num_drafts(state.acceptance, requested), remaining, self.build.max_draft_len
+                )
+            work.append(HeadWork(seq, seq.num_computed, start, rows, requested, max(num_drafts, 0)))
+        drafts = self.runner.run_heads(work)
+        for w, d in zip(work, drafts):
+            if d:
+                w.seq.drafts = list(d)
+                w.seq.head_drafts = list(d)
+                w.seq.drafts_from = len(w.seq.tokens)
+            if self.draft_override is not None and d:
+                w.seq.drafts = list(self.draft_override(w.seq.request_id, list(w.seq.tokens), list(d)))
+
+    def _delta(
+        self, state: RequestState, new: list[int], finish: str | None, logprobs: list[float] | None = None
+    ) -> StreamDelta:
         seq = state.seq
         text = ""
         if state.detok is not None:
@@ -215,9 +316,10 @@ class LLMEngine:
             hold = 0 if finish is not None else max((len(s) - 1 for s in seq.params.stop), default=0)
             ready = max(state.emitted, len(full) - hold)
             text, state.emitted = full[state.emitted : ready], ready
+        acc = state.acceptance
         return StreamDelta(
-            seq.request_id, text, new, finish, seq.num_prompt, len(seq.output_ids),
-            [logprob] if logprob is not None else None,
+            seq.request_id, text, new, finish, seq.num_prompt, len(seq.output_ids), logprobs,
+            acc.mean_acceptance_length if acc.steps else 1.0, acc.acceptance_rate,
         )  # fmt: skip
 
     @staticmethod
@@ -244,7 +346,11 @@ class LLMEngine:
 
     def _lookup_prefix(self, seq: Sequence) -> None:
         """On admission: start on the longest cached prefix that ends at a restore point, leaving at
-        least one token to compute (its logits give the first sample)."""
+        least one token to compute (its logits give the first sample). Not for MTP requests: the prefix
+        cache keeps the main model's states only, and the heads need theirs from position 0."""
+        if seq.params.num_draft_tokens:
+            seq.restore_snapshot = None
+            return
         bs = self.blocks.block_size
         tokens = seq.tokens
         full = (len(tokens) - 1) // bs
@@ -292,6 +398,11 @@ class LLMEngine:
             raise ValueError("cannot roll back into a block already shared through the prefix cache")
         self.runner.rollback(seq.slot, seq.num_computed - new_computed)
         seq.num_computed = new_computed
+        seq.drafts, seq.head_drafts, seq.drafts_from = [], [], None
+        for m in range(1, len(seq.head_computed) + 1):  # head m at t reads tokens up to t + m
+            valid = max(0, min(seq.head_computed[m - 1], new_len - 1 - m))
+            self.runner.rollback(seq.slot, seq.head_computed[m - 1] - valid, head=m)
+            seq.head_computed[m - 1] = valid
         del seq.output_ids[len(seq.output_ids) - n :]
         self.blocks.truncate(seq.blocks, new_len)
         if state.detok is not None:
@@ -317,4 +428,9 @@ class LLMEngine:
         out["cache_usage"] = usage["used_blocks"] / usage["total_blocks"]
         out["generated_tokens"] = self.stats["generated_tokens"]
         out["preemptions"] = self.scheduler.num_preemptions
+        acc = self.acceptance
+        out["mean_acceptance_length"] = acc.mean_acceptance_length if acc.steps else 1.0
+        out["acceptance_rate"] = acc.acceptance_rate
+        for i, rate in enumerate(acc.acceptance_rates):
+            out[f"acceptance_rate_{i + 1}"] = rate
         return out

@@ -7,6 +7,8 @@ states (one slot per running sequence) and the sconv snapshots of prefix-cache r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 import plugins  # noqa: F401  (the programs call torch.ops.inkling.*)
@@ -16,8 +18,23 @@ from inkling.processing import image_patches
 
 from .block_manager import FREED
 from .scheduler import ScheduledSeq
+from .sequence import Sequence
 
 MAX_SNAPSHOTS = 1024  # sconv snapshot slots of prefix-cache restore points
+HIDDEN_RING = 16  # positions of h^0..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
+
+
+@dataclass
+class HeadWork:
+    """One sequence's MTP round: its main-model computed length, the step's hidden states h^0 of
+    positions fresh_start.. (rows of tokens fed this step that stay), and how many heads run and draft."""
+
+    seq: Sequence
+    computed: int
+    fresh_start: int
+    fresh_rows: torch.Tensor
+    num_heads: int
+    num_drafts: int
 
 
 class ModelRunner(EngineRunner):
@@ -35,6 +52,14 @@ class ModelRunner(EngineRunner):
             torch.zeros(self.num_snapshots, self.K1, C, dtype=self.dtype, device=self.device)
             for C in self.conv_channels()
         ]
+        # MTP: h^0..h^{M-1} of the last HIDDEN_RING positions of each sequence (the heads' inputs).
+        slots, H = self.build.max_batch_size, self.config.hidden_size
+        self.hidden_ring = torch.zeros(
+            max(self.num_heads, 1), slots, HIDDEN_RING, H, dtype=self.dtype, device=self.device
+        )
+        self.ring_end = [[0] * slots for _ in range(max(self.num_heads, 1))]
+        self.num_real_tokens = self.engine_vocab()
+        self.draft_impl = engine.config["plugin_config"]["impls"].get("mtp_draft", "reference")
 
     # Media.
     @torch.no_grad()
@@ -50,8 +75,10 @@ class ModelRunner(EngineRunner):
 
     # A step.
     @torch.no_grad()
-    def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Feed each scheduled sequence's new tokens; returns float32 logits [B, V] of each one's last row."""
+    def run(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+        """Feed each scheduled sequence's new tokens (MTP drafts included). Returns float32 logits of
+        each sequence's last 1 + num_drafts rows (sequence b's are rows[b]..rows[b+1]-1), the row
+        offsets, and the last hidden states h^0 of every token fed [T, H]."""
         dev, bs = self.device, self.block_size
         B = len(batch)
         q_lens = [s.num_tokens for s in batch]
@@ -68,14 +95,21 @@ class ModelRunner(EngineRunner):
             pos = torch.arange(s.start, s.start + s.num_tokens)
             for g in range(self.num_groups):
                 slots[g, cu[b] : cu[b + 1]] = tables[g, b, pos // bs].long() * bs + pos % bs
-            ids.append(torch.tensor(seq.tokens[s.start : s.start + s.num_tokens], dtype=torch.long))
+            fed = (seq.tokens + seq.drafts[: s.num_drafts])[s.start : s.start + s.num_tokens]
+            ids.append(torch.tensor(fed, dtype=torch.long))
             for row, p in enumerate(seq.mm_positions):
                 if s.start <= p < s.start + s.num_tokens:
                     mm_rows.append(seq.mm_embeds[row : row + 1])
                     mm_pos.append(int(cu[b]) + p - s.start)
         mm_rows.append(torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=dev))
         mm_pos.append(T)
-        logits, _ = self.step(
+        logits_idx = torch.cat(
+            [torch.arange(int(cu[b + 1]) - 1 - s.num_drafts, int(cu[b + 1])) for b, s in enumerate(batch)]
+        )
+        rows = [0]
+        for s in batch:
+            rows.append(rows[-1] + 1 + s.num_drafts)
+        logits, hidden = self.step(
             self.weights,
             torch.cat(ids).to(dev),
             torch.cat([r.to(dev, self.dtype) for r in mm_rows]),
@@ -85,17 +119,20 @@ class ModelRunner(EngineRunner):
             tables.to(dev),
             slots.to(dev),
             torch.tensor([s.seq.slot for s in batch], dtype=torch.int32, device=dev),
-            (cu[1:] - 1).long().to(dev),
+            logits_idx.to(dev),
             self.key_caches,
             self.value_caches,
             self.conv_states,
         )
-        return logits
+        return logits, rows, hidden
 
     # Sconv states.
     def reset_slot(self, slot: int) -> None:
         for t in self.conv_states:
             t[slot].zero_()
+        for states in self.head_conv_states:
+            for t in states:
+                t[slot].zero_()
 
     def save_snapshot(self, slot: int, snapshot: int, back: int) -> None:
         """Keep the sconv inputs before position (computed - back) of the sequence in `slot`."""
@@ -110,10 +147,129 @@ class ModelRunner(EngineRunner):
             state[slot].zero_()
             state[slot, self.state_rows - self.K1 :] = snap[snapshot]
 
-    def rollback(self, slot: int, n: int) -> None:
-        """Forget the last n sconv inputs of a sequence (docs/interfaces.md "Sconv state")."""
+    def rollback(self, slot: int, n: int, head: int = 0) -> None:
+        """Forget the last n sconv inputs of a sequence (docs/interfaces.md "Sconv state"): the main
+        model's, or with head=m those of MTP head m."""
         if not 0 <= n <= self.build.max_draft_len:
             raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {n}")
         if n:
-            for state in self.conv_states:
+            for state in self.conv_states if head == 0 else self.head_conv_states[head - 1]:
                 state[slot, n:] = state[slot, :-n].clone()
+
+    # MTP heads.
+    @torch.no_grad()
+    def run_heads(self, work: list[HeadWork]) -> list[list[int]]:
+        """Advance the MTP heads of each sequence and draft (INKLING_SPEC §5 "Decoding"); returns the
+        drafts of each work item.
+
+        Head m runs over the positions [seq.head_computed[m-1], end) where end is the main model's
+        computed length P when the head drafts (m <= num_drafts: position P-1 reads the draft of head
+        m-1 in place of the unknown token) and otherwise min(P, K-m), the positions whose inputs are
+        all known (K = len(seq.tokens)): a head that does not draft stays current without an lm_head
+        pass, so it can draft again later. Its input h^{m-1} comes from head m-1's output of this round
+        or, for older positions, from the hidden-state ring (h^0: the step's hidden states).
+        """
+        bs, H = self.block_size, self.config.hidden_size
+        drafts: list[list[int]] = [[] for _ in work]
+        fresh = [(w.fresh_start, w.fresh_rows) for w in work]  # level m-1: first position, rows
+        for w in work:
+            self._ring_write(0, w.seq.slot, w.fresh_start, w.fresh_rows)
+        for m in range(1, max((w.num_heads for w in work), default=0) + 1):
+            items = []
+            for i, w in enumerate(work):
+                if m > w.num_heads:
+                    continue
+                start = w.seq.head_computed[m - 1]
+                end = w.computed if m <= w.num_drafts else min(w.computed, len(w.seq.tokens) - m)
+                if end > start:
+                    items.append((i, start, end))
+                else:
+                    fresh[i] = (end, None)
+            if not items:
+                continue
+            h_prev, ids, mm_rows, mm_pos = [], [], [], []
+            lens, seq_lens, slots, tables = [], [], [], []
+            offset = 0
+            for i, start, end in items:
+                seq = work[i].seq
+                h_prev.append(self._head_inputs(m - 1, seq.slot, start, end, *fresh[i]))
+                ext = seq.tokens + drafts[i]
+                ids.append(torch.tensor(ext[start + m : end + m], dtype=torch.long))
+                for row, p in enumerate(seq.mm_positions):
+                    if start + m <= p < end + m:
+                        mm_rows.append(seq.mm_embeds[row : row + 1])
+                        mm_pos.append(offset + p - start - m)
+                table = torch.tensor(seq.blocks.tables[0], dtype=torch.int32)
+                pos = torch.arange(start, end)
+                slots.append(table[pos // bs].long() * bs + pos % bs)
+                tables.append(table)
+                lens.append(end - start)
+                seq_lens.append(end)
+                offset += end - start
+            dev = self.device
+            mm_rows.append(torch.zeros(1, H, dtype=self.dtype, device=dev))
+            mm_pos.append(offset)
+            cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+            table = torch.full((len(items), self.build.max_blocks_per_seq), FREED, dtype=torch.int32)
+            for j, t in enumerate(tables):
+                table[j, : len(t)] = t
+            out = self.head(
+                self.head_weights[m - 1],
+                torch.cat(h_prev),
+                torch.cat(ids).to(dev),
+                torch.cat([r.to(dev, self.dtype) for r in mm_rows]),
+                torch.tensor(mm_pos, device=dev),
+                cu.to(dev),
+                torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+                table.to(dev),
+                torch.cat(slots).to(dev),
+                torch.tensor([work[i].seq.slot for i, _, _ in items], dtype=torch.int32, device=dev),
+                self.head_key_caches[m - 1],
+                self.head_value_caches[m - 1],
+                self.head_conv_states[m - 1],
+            )
+            drafting = [j for j, (i, _, _) in enumerate(items) if m <= work[i].num_drafts]
+            if drafting:
+                rows = (cu[1:] - 1)[drafting].long().to(dev)
+                picked = torch.ops.inkling.mtp_draft(
+                    out[rows], self.head_weights[m - 1]["final_layernorm.weight"], self.weights["lm_head.weight"],
+                    self.num_real_tokens, self.config.rms_norm_eps, self.draft_impl,
+                ).tolist()  # fmt: skip
+                for j, token in zip(drafting, picked):
+                    drafts[items[j][0]].append(token)
+            for j, (i, start, end) in enumerate(items):
+                rows_m = out[int(cu[j]) : int(cu[j + 1])]
+                fresh[i] = (start, rows_m)
+                if m < self.num_heads:
+                    self._ring_write(m, work[i].seq.slot, start, rows_m)
+                work[i].seq.head_computed[m - 1] = end
+        return drafts
+
+    def _ring_write(self, level: int, slot: int, start: int, rows: torch.Tensor | None) -> None:
+        """Keep the last HIDDEN_RING rows of h^level for positions start.. (older ones drop out)."""
+        if rows is None or rows.shape[0] == 0:
+            return
+        keep = min(rows.shape[0], HIDDEN_RING)
+        end = start + rows.shape[0]
+        pos = torch.arange(end - keep, end)
+        self.hidden_ring[level, slot, (pos % HIDDEN_RING).to(self.device)] = rows[-keep:].to(self.dtype)
+        self.ring_end[level][slot] = end
+
+    def _head_inputs(
+        self, level: int, slot: int, start: int, end: int, fresh_start: int, fresh_rows: torch.Tensor | None
+    ) -> torch.Tensor:
+        """h^level at positions [start, end): this round's rows from fresh_start on, the ring before."""
+        split = min(max(start, fresh_start), end) if fresh_rows is not None else end
+        parts = []
+        if split > start:
+            ring_end = self.ring_end[level][slot]
+            if start < ring_end - HIDDEN_RING or split > ring_end:
+                raise RuntimeError(
+                    f"MTP hidden ring of level {level} holds positions [{ring_end - HIDDEN_RING}, {ring_end}), "
+                    f"head needs [{start}, {split})"
+                )
+            idx = (torch.arange(start, split) % HIDDEN_RING).to(self.device)
+            parts.append(self.hidden_ring[level, slot, idx])
+        if end > split:
+            parts.append(fresh_rows[split - fresh_start : end - fresh_start])
+        return torch.cat(parts)

@@ -20,12 +20,13 @@ from .sequence import Sequence, Status
 class ScheduledSeq:
     seq: Sequence
     start: int  # position of the first new token
-    num_tokens: int  # new tokens fed this step
+    num_tokens: int  # new tokens fed this step, drafts included
+    num_drafts: int = 0  # the last num_drafts tokens fed are MTP drafts (seq.drafts) to verify
 
     @property
     def samples(self) -> bool:
-        """Whether this step's last row gives the sequence's next token."""
-        return self.start + self.num_tokens == len(self.seq)
+        """Whether this step's last rows give the sequence's next token(s)."""
+        return self.start + self.num_tokens - self.num_drafts == len(self.seq)
 
 
 class Scheduler:
@@ -55,14 +56,20 @@ class Scheduler:
         engine uses it to look up the prefix cache before blocks are allocated)."""
         budget = self.max_num_tokens
         out: list[ScheduledSeq] = []
-        # 1. Decoding sequences: one token each, oldest first; preempt the newest when blocks run out.
+        # 1. Decoding sequences: one token each plus their MTP drafts, oldest first; preempt the newest
+        # when blocks run out (for the token; drafts are dropped rather than preempt anyone).
         for seq in sorted(self.running, key=lambda s: s.arrival):
             if seq.is_prefill or budget == 0 or seq.status != Status.RUNNING:
                 continue
             if not self._reserve(seq, len(seq), out):
                 continue
-            out.append(ScheduledSeq(seq, seq.num_computed, 1))
-            budget -= 1
+            k = min(len(seq.drafts), budget - 1)
+            if k and self.blocks.can_allocate(seq.blocks, len(seq) + k):
+                self.blocks.allocate(seq.blocks, len(seq) + k)
+            else:
+                k = 0
+            out.append(ScheduledSeq(seq, seq.num_computed, 1 + k, k))
+            budget -= 1 + k
         # 2. Prefill chunks of running sequences, then of waiting ones.
         for seq in sorted(self.running, key=lambda s: s.arrival):
             if (
@@ -124,6 +131,7 @@ class Scheduler:
         self._free(seq)
         seq.status = Status.WAITING
         seq.num_computed = 0
+        seq.reset_heads()
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)

@@ -34,6 +34,17 @@ class Sequence:
     arrival: int = field(default_factory=itertools.count().__next__)
     num_preemptions: int = 0
     restore_snapshot: int | None = None  # prefix-cache sconv snapshot to load before the first step
+    # MTP (INKLING_SPEC §5): the drafts the next step verifies; the drafts the heads' states stand on
+    # and the index in `tokens` where they begin; each head's computed positions (0..n-1).
+    drafts: list[int] = field(default_factory=list)
+    head_drafts: list[int] = field(default_factory=list)
+    drafts_from: int | None = None
+    head_computed: list[int] = field(default_factory=list)
+
+    def reset_heads(self) -> None:
+        """Forget every head state and draft (a preempted sequence recomputes them)."""
+        self.drafts, self.head_drafts, self.drafts_from = [], [], None
+        self.head_computed = [0] * len(self.head_computed)
 
     @property
     def tokens(self) -> list[int]:

@@ -146,6 +146,12 @@ class AcceptanceStats:
         return self.tokens / self.steps if self.steps else 0.0
 
     @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over proposed drafts, all positions together (0.0 before any draft)."""
+        proposed = sum(self.proposed)
+        return sum(self.accepted) / proposed if proposed else 0.0
+
+    @property
     def acceptance_rates(self) -> list[float]:
         """Per draft position: accepted / proposed (0.0 where never proposed)."""
         return [a / p if p else 0.0 for a, p in zip(self.accepted, self.proposed)]

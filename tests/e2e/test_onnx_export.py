@@ -62,7 +62,7 @@ def unfused_onnx(engine_bf16, tmp_path_factory):
         bc, plugin_config=dataclasses.replace(bc.plugin_config, fuse_sconv_kv_write=False)
     )
     program = export_step(
-        engine_bf16.model_config, bc, engine_bf16.config["plugin_config"]["impls"], engine_bf16.weights,
+        engine_bf16.model_config, bc, engine_bf16.config["plugin_config"]["impls"], engine_bf16.step_weights,
         torch.device("cpu"), torch.bfloat16,
     )  # fmt: skip
     engine = dataclasses.replace(engine_bf16, programs={"step": program})
@@ -115,7 +115,7 @@ def test_fused_plugin_nodes(engine_bf16, fused_onnx):
 
     # Weights are graph inputs; dynamic dims keep their names; caches and states come back as outputs.
     inputs = {i.name: i for i in model.graph.input}
-    assert sum(name.startswith("weights_") for name in inputs) == len(engine_bf16.weights)
+    assert sum(name.startswith("weights_") for name in inputs) == len(engine_bf16.step_weights)
     assert (
         sum(
             onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize * math.prod(t.dims)
@@ -155,7 +155,7 @@ def test_unfused_plugin_nodes_and_external_weights(engine_bf16, unfused_onnx):
         assert producer[node.input[3]].op_type == "kv_cache_write"
     assert not any(i.name.startswith("weights_") for i in model.graph.input)
     names = {t.name for t in model.graph.initializer}
-    assert set(engine_bf16.weights) <= names
+    assert set(engine_bf16.step_weights) <= names
     assert os.path.exists(f"{path}.data")
 
 
@@ -173,8 +173,8 @@ def test_functional_program_matches_in_place_program(engine_bf16):
     example["conv_states"] = [torch.randn(s.shape, generator=g).to(s.dtype) for s in example["conv_states"]]
     before = {k: [t.clone() for t in v] if isinstance(v, list) else v for k, v in example.items()}
     with torch.no_grad():
-        logits, hidden = program.module()(engine_bf16.weights, *example.values())  # writes in place
-        out = functional.module()(engine_bf16.weights, *before.values())  # returns the new values
+        logits, hidden = program.module()(engine_bf16.step_weights, *example.values())  # writes in place
+        out = functional.module()(engine_bf16.step_weights, *before.values())  # returns the new values
     assert torch.equal(out[0], logits) and torch.equal(out[1], hidden)
     written = {
         f"{kind}_{i}": t

@@ -44,7 +44,7 @@ def test_cuda_engine_matches_reference(
         tiny_nvfp4_ckpt_dir, BuildConfig(dtype=dtype, plugin_config=PluginConfig(tune=False), **SMALL)
     )
     assert engine.config["plugin_config"]["impls"] == {
-        "sheared_bias_attention": "triton", "sconv": "triton", "expert_sink_moe": "triton"
+        "sheared_bias_attention": "triton", "sconv": "triton", "expert_sink_moe": "triton", "mtp_draft": "triton",
     }  # fmt: skip
     build_s = time.perf_counter() - start
     engine.save(tmp_path / "engine")
@@ -93,3 +93,47 @@ def test_cuda_engine_matches_reference(
     )
     print(res.stdout.strip(), res.stderr[-500:] if res.returncode else "")
     assert res.returncode == 0
+
+
+def test_cuda_engine_mtp(tiny_nvfp4_ckpt_dir, reference, gpu_prompts):
+    """MTP on the CUDA float32 engine (Triton verify path, head program, mtp_draft kernel): greedy
+    output with drafts 0..8 equals plain decoding, with the heads' own drafts and with an oracle that
+    forces accepts; the heads' drafts equal the reference chain's."""
+    import random
+
+    from runtime import LLMEngine
+
+    engine = build(
+        tiny_nvfp4_ckpt_dir, BuildConfig(dtype="float32", plugin_config=PluginConfig(tune=False), **SMALL)
+    )
+
+    def run(k_of, override=None):
+        eng = LLMEngine(engine)
+        eng.draft_override = override
+        for i, p in enumerate(gpu_prompts * 2):
+            params = SamplingParams(max_tokens=12, ignore_eos=True, num_draft_tokens=k_of(i))
+            eng.add_request(str(i), PromptInput(p.input_ids), params)
+        outs: dict = {}
+        while eng.has_unfinished():
+            for d in eng.step():
+                outs.setdefault(d.request_id, []).extend(d.token_ids)
+        return outs, eng
+
+    plain, _ = run(lambda i: 0)
+    own, _ = run(lambda i: i)
+    assert own == plain
+    rng = random.Random(0)
+    lens = {str(i): len(p.input_ids) for i, p in enumerate(gpu_prompts * 2)}
+    rounds = []
+
+    def oracle(rid, tokens, drafts):
+        rounds.append((tokens, drafts))
+        truth = (plain[rid][len(tokens) - lens[rid] :] + drafts)[: len(drafts)]
+        cut = rng.randint(0, len(truth))
+        return truth[:cut] + [(t + 1) % 1000 for t in truth[cut:]]
+
+    forced, eng = run(lambda i: 8 - i, oracle)
+    assert forced == plain
+    assert eng.acceptance.mean_acceptance_length > 1.5
+    agree = sum(reference.draft(torch.tensor(t).cuda(), len(d)) == d for t, d in rounds[:12])
+    assert agree >= 11, f"{agree} of 12 draft rounds equal the reference chain"

@@ -1,0 +1,264 @@
+"""MTP step components on the GPU (INKLING_SPEC §5; GPU.md "Bytes per decode step").
+
+    python -m bench.mtp --device cuda --out bench/results        # the H200 run (inkling-bench)
+    python -m bench.mtp --preset inkling-tiny --device cpu --context 64 --out DIR     # smoke
+
+Synthesizes the preset with its 8 heads and NVFP4 experts where it runs, builds the engine in memory,
+prefills one sequence of `--context` tokens through the runtime and then times, with the engine's
+own programs and inputs the runtime built (CUDA events, median of repeats):
+- the main step with 1 + k tokens (decode k = 0, verify k = 1, 3, 8), counting the distinct routed
+  experts per layer it touches;
+- one head pass at one position (the head program) and the draft pick (`inkling::mtp_draft`).
+Tokens/s per user for k drafts = tokens per step / (verify(k) + k · (head + draft)). Tokens per step
+needs the acceptance of a trained model, which synthetic heads do not have: the table uses an
+ASSUMED per-position acceptance (geometric, fitted to vLLM's published mean acceptance length 4.5
+at 8 drafts), labelled as such. inkling-1t figures are a PROJECTION: the bound's bytes of inkling-1t
+per GPU over 4 GPUs divided by the efficiency measured here (bound time / measured time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+from builder import BuildConfig, PluginConfig, build
+from inkling.config import preset
+from inkling.synth import iter_synthetic_tensors, synth_config
+from runtime import LLMEngine, PromptInput, SamplingParams
+
+from .bound import BANDWIDTH, BF16, decode_step_bytes
+
+DRAFTS = (0, 1, 3, 8)
+
+
+def median_time(fn, repeats: int, device: str) -> float:
+    """Median seconds of fn() over `repeats` calls (CUDA events on the GPU), after two warm-ups."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+class Recorder:
+    """Wraps a callable, keeping the arguments of its last call (to replay a program's inputs)."""
+
+    def __init__(self, fn):
+        self.fn, self.args = fn, None
+
+    def __call__(self, *args):
+        self.args = args
+        return self.fn(*args)
+
+
+def count_experts(config):
+    """Patch the MoE op's reference and Triton paths to record distinct routed experts per call."""
+    import plugins.moe as moe
+
+    seen: list[int] = []
+    E, k = config.num_routed_experts, config.num_experts_per_tok
+
+    def routed(x, router_weight):
+        probs = torch.softmax((x.float() @ router_weight.float().T), -1)
+        seen.append(int(probs[:, :E].topk(k, -1).indices.unique().numel()))
+
+    originals = {}
+    for module_name in ("launcher", "reference"):
+        module = getattr(moe, module_name, None)
+        if module is None:
+            import importlib
+
+            module = importlib.import_module(f"plugins.moe.{module_name}")
+        fn = module.expert_sink_moe
+        originals[module] = fn
+
+        def wrapped(x, router_weight, *rest, _fn=fn, **kw):
+            routed(x, router_weight)
+            return _fn(x, router_weight, *rest, **kw)
+
+        module.expert_sink_moe = wrapped
+    return seen, originals
+
+
+def acceptance_model(mean_at_8: float = 4.5) -> float:
+    """Per-position acceptance a with (1 - a^9) / (1 - a) = mean_at_8 (bisection)."""
+    lo, hi = 0.0, 0.9999
+    for _ in range(60):
+        a = (lo + hi) / 2
+        if (1 - a**9) / (1 - a) < mean_at_8:
+            lo = a
+        else:
+            hi = a
+    return (lo + hi) / 2
+
+
+def head_bytes(c) -> float:
+    """One head pass at one position: eh_proj, attention weights, dense FFN, and the lm_head."""
+    H = c.hidden_size
+    return (
+        2 * H * H + c.qkvr_size * H + H * c.q_size + 3 * c.mtp_intermediate_size * H + c.vocab_size * H
+    ) * BF16
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="inkling-bench")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    config, _ = synth_config(args.preset, nvfp4=True)
+    results: dict = {
+        "command": " ".join(["python", "-m", "bench.mtp", *(sys.argv[1:] if argv is None else argv)]),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "date": time.strftime("%Y-%m-%d"),
+        "preset": args.preset,
+        "context": args.context,
+    }
+    bc = BuildConfig(
+        max_batch_size=2, max_input_len=args.context, max_seq_len=args.context + 64,
+        max_num_tokens=args.context, dtype="bfloat16", device=args.device,
+        plugin_config=PluginConfig(tune=False),
+    )  # fmt: skip
+    print(f"[bench.mtp] synthesizing {args.preset} (8 heads, NVFP4 experts) on {args.device}", flush=True)
+    engine = build(iter_synthetic_tensors(config, args.seed, args.device), bc, config=config, echo=False)
+    eng = LLMEngine(engine)
+    runner = eng.runner
+    runner.step = step = Recorder(runner.step)
+    runner.head = head = Recorder(runner.head)
+    g = torch.Generator().manual_seed(args.seed)
+    prompt = torch.randint(11, config.vocab_size - 1, (args.context,), generator=g)
+    eng.add_request(
+        "r", PromptInput(prompt), SamplingParams(max_tokens=40, ignore_eos=True, num_draft_tokens=8)
+    )
+    seq = eng.requests["r"].seq
+    while seq.is_prefill or not seq.drafts:
+        eng.step()
+    seen, originals = count_experts(config)
+    out: dict = {"verify": {}, "head": {}}
+    for k in DRAFTS:
+        seq.drafts = seq.drafts[:k] if k <= len(seq.drafts) else seq.drafts + [11] * (k - len(seq.drafts))
+        batch = [
+            __import__("runtime.scheduler", fromlist=["ScheduledSeq"]).ScheduledSeq(
+                seq, seq.num_computed, 1 + k, k
+            )
+        ]
+        eng.blocks.allocate(seq.blocks, len(seq) + k)
+        seen.clear()
+        runner.run(batch)  # records the step's inputs; the caches past num_computed are scratch
+        distinct = sum(seen) / max(len(seen), 1)
+        seconds = median_time(lambda: step.fn(*step.args), args.repeats, args.device)
+        out["verify"][k] = {"seconds": seconds, "distinct_experts_per_layer": distinct}
+        print(
+            f"[bench.mtp] main step with {1 + k} tokens: {seconds * 1e3:.3f} ms, {distinct:.1f} experts/layer",
+            flush=True,
+        )
+    for module, fn in originals.items():
+        module.expert_sink_moe = fn
+    # One head pass at one position, and the draft pick; replayed with the last head call's inputs.
+    seq.drafts = []
+    eng.draft_override = None
+    eng.step()
+    w, h_prev, ids, _, _, _, seq_lens, block_table, slots, state, kc, vc, conv = head.args
+    dev = h_prev.device
+    one = (
+        w, h_prev[-1:], ids[-1:], torch.zeros(1, config.hidden_size, dtype=h_prev.dtype, device=dev),
+        torch.tensor([1], device=dev), torch.tensor([0, 1], dtype=torch.int32, device=dev), seq_lens[:1],
+        block_table[:1], slots[-1:], state[:1], kc, vc, conv,
+    )  # fmt: skip
+    out["head"]["tokens"] = 1
+    out["head"]["seconds"] = median_time(lambda: head.fn(*one), args.repeats, args.device)
+    rows = torch.zeros(1, config.hidden_size, dtype=runner.dtype, device=args.device)
+    out["head"]["draft_seconds"] = median_time(
+        lambda: torch.ops.inkling.mtp_draft(
+            rows, runner.head_weights[0]["final_layernorm.weight"], runner.weights["lm_head.weight"],
+            runner.num_real_tokens, config.rms_norm_eps, runner.draft_impl,
+        ),
+        args.repeats, args.device,
+    )  # fmt: skip
+    results.update(out)
+    results["table"] = table(config, out, args.context)
+    with open(os.path.join(args.out, "mtp.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    write_md(results, os.path.join(args.out, "mtp.md"))
+    print(open(os.path.join(args.out, "mtp.md")).read())
+    return 0
+
+
+def table(config, out: dict, context: int) -> dict:
+    a = acceptance_model()
+    head = out["head"]["seconds"] + out["head"]["draft_seconds"]
+    big = preset("inkling-1t")
+    rows = {}
+    for k in DRAFTS:
+        v = out["verify"][k]
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        step = v["seconds"] + k * head
+        bound = decode_step_bytes(config, context, distinct_experts=round(v["distinct_experts_per_layer"]))
+        efficiency = bound.seconds / v["seconds"]
+        big_bytes = (
+            decode_step_bytes(big, context, distinct_experts=round(v["distinct_experts_per_layer"])).total / 4
+        )
+        big_step = big_bytes / BANDWIDTH / efficiency + k * head_bytes(big) / 4 / BANDWIDTH / efficiency
+        rows[k] = {
+            "assumed_tokens_per_step": tokens,
+            "step_s": step,
+            "tokens_per_s_per_user": tokens / step,
+            "verify_fraction_of_bound": efficiency,
+            "projected_1t_tokens_per_s_per_user": tokens / big_step,
+        }
+    return {"assumed_acceptance_per_position": a, "rows": rows}
+
+
+def write_md(r: dict, path: str) -> None:
+    t = r["table"]
+    lines = [
+        f"# MTP step components: {r['preset']}, context {r['context']}",
+        "",
+        f"`{r['command']}` on {r['device']}, {r['date']}.",
+        "",
+        f"One head pass at {r['head']['tokens']} position(s): {r['head']['seconds'] * 1e3:.3f} ms; draft pick "
+        f"(`mtp_draft`): {r['head']['draft_seconds'] * 1e3:.3f} ms.",
+        "",
+        "| drafts k | main step (1+k tokens) ms | distinct experts/layer | of bound | ASSUMED tokens/step | tokens/s/user | PROJECTED inkling-1t tokens/s/user (4 GPUs) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k, row in t["rows"].items():
+        v = r["verify"][k]
+        lines.append(
+            f"| {k} | {v['seconds'] * 1e3:.3f} | {v['distinct_experts_per_layer']:.1f} | "
+            f"{row['verify_fraction_of_bound']:.0%} | {row['assumed_tokens_per_step']:.2f} | "
+            f"{row['tokens_per_s_per_user']:.1f} | {row['projected_1t_tokens_per_s_per_user']:.1f} |"
+        )
+    lines += [
+        "",
+        f"ASSUMED: per-position acceptance {t['assumed_acceptance_per_position']:.3f} (geometric, mean acceptance "
+        "length 4.5 at 8 drafts as vLLM published); synthetic heads accept nothing. PROJECTED: inkling-1t's bound "
+        "bytes per GPU (4 GPUs) over the efficiency measured here; not a measurement.",
+        "",
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,278 @@
+"""MTP speculative decoding (INKLING_SPEC §5) over the float32 tiny engine.
+
+The synthetic heads are random, so their own drafts are almost never accepted. To exercise every
+acceptance length, an oracle replaces the drafts before verification with the true greedy
+continuation corrupted after a random cut (`LLMEngine.draft_override`); the heads' states keep
+standing on their own drafts, as in a real run, and the engine must tell which of them stay valid.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from builder import BuildConfig, build
+from runtime import LLM, LLMEngine, PromptInput, SamplingParams
+
+from .conftest import SMALL
+from .test_runtime import prompt_input, run_all
+
+
+class Oracle:
+    """Drafts = the plain greedy continuation, wrong from a random position on (seeded)."""
+
+    def __init__(self, plain: dict[str, list[int]], prompt_lens: dict[str, int], seed: int = 0):
+        self.plain, self.prompt_lens = plain, prompt_lens
+        self.rng = random.Random(seed)
+        self.rounds: list[tuple[str, list[int], list[int]]] = []  # (request, tokens, the heads' drafts)
+
+    def __call__(self, rid: str, tokens: list[int], drafts: list[int]) -> list[int]:
+        self.rounds.append((rid, tokens, drafts))
+        done = len(tokens) - self.prompt_lens[rid]
+        truth = (self.plain[rid][done:] + drafts)[: len(drafts)]
+        cut = self.rng.randint(0, len(truth))
+        return truth[:cut] + [(t + 1) % 1000 for t in truth[cut:]]
+
+
+def _engine(engine, chunk: int | None = None, **kw) -> LLMEngine:
+    eng = LLMEngine(engine, **kw)
+    if chunk:
+        eng.scheduler.max_num_tokens = 4 * chunk
+        eng.scheduler.chunk_size = chunk
+    return eng
+
+
+def _requests(llm: LLM, prompts) -> list[tuple[str, PromptInput, SamplingParams]]:
+    """num_draft_tokens 0..8 over text (longer than W and R), short, image+audio and two-image prompts;
+    one request stops on a token, one is cut by max_tokens mid-verification."""
+    out = []
+    for k in range(9):
+        p = prompts[k % len(prompts)]
+        out.append(
+            (
+                f"k{k}",
+                prompt_input(llm, p),
+                SamplingParams(max_tokens=9 + k % 3, ignore_eos=True, num_draft_tokens=k),
+            )
+        )
+    return out
+
+
+def _run(engine, requests, k_of=None, override=None, chunk=32, **kw):
+    eng = _engine(engine, chunk, **kw)
+    eng.draft_override = override
+    for rid, p, params in requests:
+        if k_of is not None:
+            params = SamplingParams(**{**params.__dict__, "num_draft_tokens": k_of(params)})
+        eng.add_request(rid, p, params)
+    return run_all(eng), eng
+
+
+@pytest.fixture(scope="module")
+def plain(engine_f32, prompts):
+    llm = LLM(engine_f32[0])
+    requests = _requests(llm, prompts)
+    outs, eng = _run(engine_f32[0], requests, k_of=lambda p: 0)
+    lens = {rid: len(p.input_ids) for rid, p, _ in requests}
+    return requests, outs, lens, eng.stats["steps"]
+
+
+def test_greedy_with_mtp_equals_plain_for_every_draft_count(engine_f32, plain):
+    """Draft counts 0..8 mixed in one batch, chunked prefill (heads catch up chunk by chunk), media."""
+    requests, base, lens, plain_steps = plain
+    own, eng = _run(engine_f32[0], requests)
+    assert own == base
+    oracle = Oracle(base, lens)
+    forced, eng = _run(engine_f32[0], requests, override=oracle)
+    assert forced == base
+    m = eng.metrics()
+    assert m["mean_acceptance_length"] > 1.5, m
+    rates = eng.acceptance.acceptance_rates
+    assert 0 < rates[0] < 1 and sum(r > 0 for r in rates) >= 6, rates  # accepts and rejects, deep accepts
+    usage = eng.blocks.usage()
+    assert usage["used_blocks"] == usage["evictable_blocks"]  # every block free or only cached
+    assert eng.stats["steps"] < plain_steps
+
+
+def test_stop_token_inside_accepted_drafts(engine_f32, plain):
+    """A stop token among accepted drafts ends the request there, as without drafts."""
+    requests, base, lens, plain_steps = plain
+    rid, p, params = requests[8]
+    stop = base[rid][4]
+    params = SamplingParams(max_tokens=12, ignore_eos=True, num_draft_tokens=8, stop_token_ids=(stop,))
+    out, _ = _run(
+        engine_f32[0],
+        [(rid, p, params)],
+        override=lambda r, t, d: (base[rid][len(t) - lens[rid] :] + d)[: len(d)],
+    )
+    assert out[rid] == base[rid][: base[rid].index(stop) + 1]
+
+
+NUM_BLOCKS = 12  # four requests of 3 to 22 prompt tokens cannot all run at once
+
+
+def test_preemption_with_mtp_recomputes_heads(engine_f32, plain):
+    requests, base, lens, plain_steps = plain
+    picked = [requests[i] for i in (1, 3, 5, 7)]
+    out, eng = _run(engine_f32[0], picked, override=Oracle(base, lens, seed=1), num_blocks=NUM_BLOCKS)
+    assert eng.scheduler.num_preemptions > 0
+    assert out == {rid: base[rid] for rid, _, _ in picked}
+    usage = eng.blocks.usage()
+    assert usage["used_blocks"] == usage["evictable_blocks"]
+
+
+def test_drafts_equal_the_reference_heads(engine_f32, reference, prompts, plain):
+    """Every round's drafts (the heads' own, standing on each other) equal the reference chain's
+    `draft()` over the tokens known at that round, after accepts and rejects."""
+    requests, base, lens, plain_steps = plain
+    by_id = {f"k{k}": prompts[k % len(prompts)] for k in range(9)}
+    picked = [requests[i] for i in (2, 4, 8)]  # media prompt (2 heads), long text (4), short text (8)
+    oracle = Oracle(base, lens, seed=2)
+    _run(engine_f32[0], picked, override=oracle)
+    assert len(oracle.rounds) >= 6
+    for rid, tokens, drafts in oracle.rounds:
+        p = by_id[rid]
+        want = reference.draft(
+            torch.tensor(tokens), len(drafts), images=p.images or None, audios=p.audios or None
+        )
+        assert drafts == want, (rid, len(tokens))
+
+
+def _kv_rows(runner, seq, layer_or_head: int, positions, head: bool):
+    """K and V rows of a sequence at `positions`: a main layer's (its group's table) or a head's (group 0)."""
+    bs = runner.block_size
+    if head:
+        g, kc, vc = 0, runner.head_key_caches[layer_or_head], runner.head_value_caches[layer_or_head]
+    else:
+        g = runner.layout["group_of_layer"][layer_or_head]
+        j = runner.layout["slot_of_layer"][layer_or_head]
+        kc, vc = runner.key_caches[j], runner.value_caches[j]
+    table = seq.blocks.tables[g]
+    blocks = [table[t // bs] for t in positions]
+    offs = [t % bs for t in positions]
+    return kc[blocks, offs], vc[blocks, offs]
+
+
+def test_caches_after_accepts_and_rejects_equal_fresh_recomputation(engine_f32, reference, plain):
+    """Mid-generation, after many accepted and rejected drafts: the main model's KV and sconv states,
+    and every head's KV and sconv states, equal those of a fresh prefill of the same tokens; the heads'
+    hidden states whose inputs are all known equal §5's definition over the known sequence."""
+    requests, base, lens, plain_steps = plain
+    engine = engine_f32[0]
+    picked = [requests[i] for i in (4, 8)]  # long text with 4 heads, short text with 8
+    eng = _engine(engine, 16)
+    eng.draft_override = Oracle(base, lens, seed=3)
+    for rid, p, params in picked:
+        eng.add_request(rid, p, SamplingParams(**{**params.__dict__, "max_tokens": 40}))
+    while eng.acceptance.steps < 8:
+        eng.step()
+    assert 0 < eng.acceptance.acceptance_rate < 1 and set(eng.requests) == {rid for rid, _, _ in picked}
+    runner, c = eng.runner, engine.model_config
+    K1 = c.sconv_kernel_size - 1
+    for rid, _, params in picked:
+        seq = eng.requests[rid].seq
+        L = len(seq.tokens)
+        assert seq.num_computed == L - 1
+        fresh = _engine(engine)
+        fresh.add_request(
+            rid,
+            PromptInput(torch.tensor(seq.tokens[:-1])),
+            SamplingParams(max_tokens=40, num_draft_tokens=params.num_draft_tokens),
+        )
+        fseq = fresh.requests[rid].seq
+        while not fseq.output_ids:
+            fresh.step()
+        assert fseq.output_ids == [seq.tokens[-1]] and fseq.num_computed == L - 1
+        assert fseq.drafts == seq.head_drafts  # the heads' own drafts, from equal states
+        for layer in range(c.num_hidden_layers):
+            g = runner.layout["group_of_layer"][layer]
+            held = [t for t in range(L - 1) if seq.blocks.tables[g][t // runner.block_size] >= 0]
+            held = [t for t in held if fseq.blocks.tables[g][t // runner.block_size] >= 0]
+            assert len(held) >= min(L - 1, c.sliding_window)
+            for a, b in zip(
+                _kv_rows(runner, seq, layer, held, False), _kv_rows(fresh.runner, fseq, layer, held, False)
+            ):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        for a, b in zip(runner.conv_states, fresh.runner.conv_states):
+            torch.testing.assert_close(a[seq.slot, -K1:], b[fseq.slot, -K1:], rtol=1e-5, atol=1e-5)
+        for m in range(1, params.num_draft_tokens + 1):
+            assert seq.head_computed[m - 1] == fseq.head_computed[m - 1] == L - 1
+            for a, b in zip(
+                _kv_rows(runner, seq, m - 1, range(L - 1), True),
+                _kv_rows(fresh.runner, fseq, m - 1, range(L - 1), True),
+            ):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            for a, b in zip(runner.head_conv_states[m - 1], fresh.runner.head_conv_states[m - 1]):
+                torch.testing.assert_close(a[seq.slot, -K1:], b[fseq.slot, -K1:], rtol=1e-5, atol=1e-5)
+        # §5 over the known tokens x[0..L-1]: h^m at t <= L-1-m (the ring keeps the last positions).
+        ids = torch.tensor(seq.tokens)
+        e = reference.embed(ids)
+        _, h = reference(ids)
+        for m in range(1, min(params.num_draft_tokens, c.num_mtp_heads - 1) + 1):
+            h = reference.mtp[m - 1](h[: L - m], e[m:L])
+            end = L - m
+            ring = runner.hidden_ring[m, seq.slot]
+            for t in range(max(0, end - 8), end):
+                torch.testing.assert_close(ring[t % len(ring)], h[t], rtol=1e-4, atol=1e-4)
+
+
+CHI2_15_P999 = 37.697  # chi-square critical value, 15 degrees of freedom, upper tail 1e-3
+
+
+def test_sampling_with_mtp_keeps_the_distribution(tiny_nvfp4_ckpt_dir, reference):
+    """Temperature 1, top_k 2, 4 tokens: 16 possible outputs. 1200 seeded requests with 2 drafts per
+    step (drafts forced to the likeliest token, or to one outside the top 2 for odd requests, so
+    both acceptance and rejection paths run) against the exact distribution from the reference
+    model's logits. Chi-square with 15 degrees of freedom at p = 1e-3: for a random seed the test
+    fails wrongly once in a thousand runs; the seeds here are fixed."""
+    engine = build(
+        tiny_nvfp4_ckpt_dir, BuildConfig(dtype="float32", **{**SMALL, "max_batch_size": 32}), echo=False
+    )
+    from runtime.sampler import filter_logits
+
+    params = SamplingParams(max_tokens=4, temperature=1.0, top_k=2, num_draft_tokens=2, ignore_eos=True)
+    prompt = torch.tensor([101, 202, 303, 404, 505])
+    n_real = reference.num_real_tokens
+
+    probs_cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def probs(prefix: tuple[int, ...]) -> torch.Tensor:
+        if prefix not in probs_cache:
+            logits, _ = reference(torch.cat([prompt, torch.tensor(prefix, dtype=torch.long)]))
+            probs_cache[prefix] = torch.softmax(filter_logits(logits[-1, :n_real], params), -1)
+        return probs_cache[prefix]
+
+    exact: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(4):
+        exact = {
+            seq + (int(t),): p * float(probs(seq)[t])
+            for seq, p in exact.items()
+            for t in probs(seq).nonzero().flatten()
+        }
+    assert len(exact) == 16
+
+    def override(rid: str, tokens: list[int], drafts: list[int]) -> list[int]:
+        out = list(tokens[len(prompt) :])
+        picked = []
+        for _ in drafts:
+            p = probs(tuple(out))
+            t = int(p.argmax()) if int(rid) % 2 == 0 else int(p.argmin())
+            picked.append(t)
+            out.append(t)
+        return picked
+
+    eng = LLMEngine(engine)
+    eng.draft_override = override
+    n = 1200
+    for i in range(n):
+        eng.add_request(str(i), PromptInput(prompt), SamplingParams(**{**params.__dict__, "seed": 1000 + i}))
+    outs = run_all(eng)
+    counts: dict[tuple[int, ...], int] = {}
+    for toks in outs.values():
+        counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
+    assert set(counts) <= set(exact)
+    assert eng.acceptance.steps > 0 and 0.2 < eng.acceptance.acceptance_rate < 0.8
+    chi2 = sum((counts.get(s, 0) - n * p) ** 2 / (n * p) for s, p in exact.items())
+    assert chi2 < CHI2_15_P999, (chi2, counts, exact)
