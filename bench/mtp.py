@@ -30,6 +30,7 @@ from builder import BuildConfig, PluginConfig, build
 from inkling.config import preset
 from inkling.synth import iter_synthetic_tensors, synth_config
 from runtime import LLMEngine, PromptInput, SamplingParams
+from runtime.scheduler import ScheduledSeq
 
 from .bound import BANDWIDTH, BF16, decode_step_bytes
 
@@ -69,8 +70,6 @@ class Recorder:
 
 def count_experts(config):
     """Patch the MoE op's reference and Triton paths to record distinct routed experts per call."""
-    import plugins.moe as moe
-
     seen: list[int] = []
     E, k = config.num_routed_experts, config.num_experts_per_tok
 
@@ -78,13 +77,10 @@ def count_experts(config):
         probs = torch.softmax((x.float() @ router_weight.float().T), -1)
         seen.append(int(probs[:, :E].topk(k, -1).indices.unique().numel()))
 
-    originals = {}
-    for module_name in ("launcher", "reference"):
-        module = getattr(moe, module_name, None)
-        if module is None:
-            import importlib
+    from plugins.moe import launcher, reference
 
-            module = importlib.import_module(f"plugins.moe.{module_name}")
+    originals = {}
+    for module in (launcher, reference):
         fn = module.expert_sink_moe
         originals[module] = fn
 
@@ -157,11 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"verify": {}, "head": {}}
     for k in DRAFTS:
         seq.drafts = seq.drafts[:k] if k <= len(seq.drafts) else seq.drafts + [11] * (k - len(seq.drafts))
-        batch = [
-            __import__("runtime.scheduler", fromlist=["ScheduledSeq"]).ScheduledSeq(
-                seq, seq.num_computed, 1 + k, k
-            )
-        ]
+        batch = [ScheduledSeq(seq, seq.num_computed, 1 + k, k)]
         eng.blocks.allocate(seq.blocks, len(seq) + k)
         seen.clear()
         runner.run(batch)  # records the step's inputs; the caches past num_computed are scratch

@@ -90,8 +90,9 @@ class StepProgram(nn.Module):
         self.fuse_kv = build.plugin_config.fuse_sconv_kv_write
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
-    def embed(self, w, input_ids, mm_embeds, mm_positions):
-        e = w["model.embed_tokens.weight"][input_ids]
+    def embed(self, table, input_ids, mm_embeds, mm_positions):
+        """Rows of the embedding `table`, with the image/audio embeddings spliced in by position."""
+        e = table[input_ids]
         e = torch.cat([e, e.new_zeros(1, e.shape[1])])
         return e.index_copy(0, mm_positions, mm_embeds.to(e.dtype))[:-1]
 
@@ -156,7 +157,7 @@ class StepProgram(nn.Module):
         conv_states: list[torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         c, w, lay = self.c, weights, self.layout
-        x = self.embed(w, input_ids, mm_embeds, mm_positions)
+        x = self.embed(w["model.embed_tokens.weight"], input_ids, mm_embeds, mm_positions)
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}"
             g, j = lay.group_of_layer[i], lay.slot_of_layer[i]
@@ -209,9 +210,7 @@ class HeadProgram(StepProgram):
     ) -> torch.Tensor:
         c, w = self.c, weights
         eps = c.rms_norm_eps
-        e = w["embed_tokens"][input_ids]
-        e = torch.cat([e, e.new_zeros(1, e.shape[1])])
-        e = e.index_copy(0, mm_positions, mm_embeds.to(e.dtype))[:-1]
+        e = self.embed(w["embed_tokens"], input_ids, mm_embeds, mm_positions)
         u = torch.cat([rms_norm(h_prev, w["hnorm.weight"], eps), rms_norm(e, w["enorm.weight"], eps)], -1)
         u = u @ w["eh_proj.weight"].T
         meta = (cu_seqlens_q, seq_lens, state_indices, block_table, slot_mapping)
