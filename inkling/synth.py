@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -231,9 +231,7 @@ def _write_checkpoint(
     tmp: str,
     config: InklingConfig,
     tok: Tokenizer,
-    seed: int,
-    device: str,
-    full_depth: int,
+    tensors: Iterable[tuple[str, torch.Tensor]],
     max_shard_bytes: int,
     progress: bool,
 ) -> None:
@@ -250,8 +248,8 @@ def _write_checkpoint(
     if config.is_quantized:
         _write_json(os.path.join(tmp, "hf_quant_config.json"), hf_quant_config(config.quantization_config))
     with ShardedWriter(tmp, expected_tensors(config), max_shard_bytes) as writer:
-        bar = tqdm(total=writer.total_bytes, unit="B", unit_scale=True, disable=not progress, desc="synth")
-        for name, tensor in iter_synthetic_tensors(config, seed, device, residual_depth=full_depth):
+        bar = tqdm(total=writer.total_bytes, unit="B", unit_scale=True, disable=not progress, desc="write")
+        for name, tensor in tensors:
             writer.write(name, tensor)
             bar.update(tensor.numel() * tensor.dtype.itemsize)
             del tensor
@@ -270,6 +268,37 @@ def _publish(tmp: str, out: str) -> None:
         shutil.rmtree(old)
 
 
+def write_checkpoint(
+    out: str | os.PathLike,
+    config: InklingConfig,
+    tok: Tokenizer,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    readme: str,
+    *,
+    force: bool = False,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: bool = False,
+) -> None:
+    """Write a checkpoint directory that follows the spec (§8: config, tokenizer, generation config,
+    safetensors shards and index, README) atomically: a temp dir beside `out`, renamed when complete.
+    `tensors` yields (name, tensor) for every tensor of `expected_tensors(config)`, in any order."""
+    out = os.path.abspath(os.fspath(out))
+    if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out) and not force):
+        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is not
+    try:
+        with open(os.path.join(tmp, "README.md"), "w") as f:
+            f.write(readme)
+        _write_checkpoint(tmp, config, tok, tensors, max_shard_bytes, progress)
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def synthesize(
     out: str | os.PathLike,
     preset_name: str = "inkling-tiny",
@@ -284,29 +313,25 @@ def synthesize(
     progress: bool = False,
 ) -> InklingConfig:
     """Write a synthetic checkpoint directory atomically (temp dir beside `out`, then rename)."""
-    out = os.path.abspath(os.fspath(out))
-    if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out) and not force):
-        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
     tok = build_tokenizer()
     config, full_depth = synth_config(
         preset_name, layers=layers, mtp_heads=mtp_heads, nvfp4=nvfp4, tokenizer=tok
     )
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is not
-    try:
-        argv = f"python -m inkling.synth --preset {preset_name} --seed {seed}"
-        argv += f" --layers {layers}" if layers is not None else ""
-        argv += f" --mtp-heads {mtp_heads}" if mtp_heads is not None else ""
-        argv += " --nvfp4" if nvfp4 else ""
-        with open(os.path.join(tmp, "README.md"), "w") as f:
-            f.write(_readme(config, argv))
-        _write_checkpoint(tmp, config, tok, seed, device, full_depth, max_shard_bytes, progress)
-        _publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    argv = f"python -m inkling.synth --preset {preset_name} --seed {seed}"
+    argv += f" --layers {layers}" if layers is not None else ""
+    argv += f" --mtp-heads {mtp_heads}" if mtp_heads is not None else ""
+    argv += " --nvfp4" if nvfp4 else ""
+    tensors = iter_synthetic_tensors(config, seed, device, residual_depth=full_depth)
+    write_checkpoint(
+        out,
+        config,
+        tok,
+        tensors,
+        _readme(config, argv),
+        force=force,
+        max_shard_bytes=max_shard_bytes,
+        progress=progress,
+    )
     return config
 
 

@@ -1,0 +1,168 @@
+"""MTP acceptance of the trained small Inkling, measured with the runtime (engine, verify, accept).
+
+    python -m bench.acceptance --out build/acceptance          # CPU, float32 engine, greedy
+
+Prompts lie within the trained length (2048) and come from text the model did not train on (pydoc
+help topics) or from fresh task samples: text continuation, counting, arithmetic sequences, copying,
+sums. For each num_draft_tokens k in --drafts, the engine generates greedily with MTP twice: with the
+runtime's adaptive policy (what a user gets: a request whose acceptance stays low drafts fewer) and with
+k drafts every step (the policy replaced by "always k", to read the heads' quality); the outputs must
+equal plain decoding's (checked). Reported: mean acceptance length (tokens per step, bonus included)
+and the unconditional acceptance rate of each draft position (accepted / proposed). Writes
+results.json, results.md and acceptance.png into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+import runtime.engine as runtime_engine
+from inkling.tokenizer import load_tokenizer
+from runtime.speculative import AcceptanceStats
+from train import SMALL_CHECKPOINT
+from train.data import Mixture
+
+from .needle import prepare_engine
+
+TASKS = ("text", "count", "sequence", "copy", "sums")
+
+
+def task_prompts(tok, task: str, n: int, seed: int = 0) -> list[list[int]]:
+    """`n` prompts of one task: a sample cut where its answer (or the text) is under way."""
+    mixture = Mixture(tok, seq_len=2048, seed=seed, held_out=True)
+    prompts = []
+    for _ in range(n):
+        if task == "text":
+            prompts.append(mixture.text_sample(384).ids)
+            continue
+        s = getattr(mixture, task)()
+        first = next(i for i, w in enumerate(s.weights) if w > 1.0)
+        prompts.append(s.ids[: first + 2])
+    return prompts
+
+
+def measure(llm, prompts, k: int, max_tokens: int, fixed: bool) -> tuple[dict, list[list[int]]]:
+    from runtime import SamplingParams
+    from runtime.engine import PromptInput
+
+    llm.engine.acceptance = AcceptanceStats()
+    policy = runtime_engine.next_num_drafts
+    if fixed:
+        runtime_engine.next_num_drafts = lambda stats, requested: requested
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k)
+        t0 = time.perf_counter()
+        outs = llm.generate([PromptInput(torch.tensor(p)) for p in prompts], params)
+        seconds = time.perf_counter() - t0
+    finally:
+        runtime_engine.next_num_drafts = policy
+    acc = llm.engine.acceptance
+    stats = {
+        "mean_acceptance_length": acc.mean_acceptance_length if acc.steps else 1.0,
+        "acceptance_rates": [round(r, 3) for r in acc.acceptance_rates[:k]],
+        "steps": acc.steps,
+        "tokens": sum(len(o.token_ids) for o in outs),
+        "seconds": round(seconds, 2),
+    }
+    return stats, [list(o.token_ids) for o in outs]
+
+
+def run(args) -> dict:
+    from runtime import LLM
+
+    os.makedirs(args.out, exist_ok=True)
+    drafts = [int(x) for x in args.drafts.split(",")]
+    _, engine = prepare_engine(args.work_dir or args.out, 2048, device=args.device, dtype=args.dtype)
+    tok = load_tokenizer(SMALL_CHECKPOINT)
+    llm = LLM(engine)
+    results: dict = {"checkpoint": SMALL_CHECKPOINT, "device": args.device, "dtype": args.dtype, "tasks": {}}
+    for task in TASKS:
+        prompts = task_prompts(tok, task, args.prompts, args.seed)
+        base, plain = measure(llm, prompts, 0, args.max_tokens, fixed=False)
+        entry = {"prompts": len(prompts), "plain": base}
+        for k in drafts:
+            for mode in ("adaptive", "fixed"):
+                stats, outs = measure(llm, prompts, k, args.max_tokens, fixed=mode == "fixed")
+                stats["equals_plain"] = outs == plain
+                entry[f"k{k}_{mode}"] = stats
+                print(
+                    f"{task:8s} k={k} {mode:8s}: acceptance length {stats['mean_acceptance_length']:.2f}, "
+                    f"rates {stats['acceptance_rates']}, equal to plain: {stats['equals_plain']}",
+                    flush=True,
+                )
+        results["tasks"][task] = entry
+    llm.shutdown()
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(markdown(results, drafts))
+    plot(results, drafts, os.path.join(args.out, "acceptance.png"))
+    return results
+
+
+def markdown(results: dict, drafts: list[int]) -> str:
+    head = (
+        "| task | "
+        + " | ".join(f"k={k} adaptive | k={k} fixed" for k in drafts)
+        + " | rates per position (k=8 fixed) |"
+    )
+    lines = [head, "|" + "---|" * (2 * len(drafts) + 2)]
+    for task, entry in results["tasks"].items():
+        cells = []
+        for k in drafts:
+            for mode in ("adaptive", "fixed"):
+                s = entry[f"k{k}_{mode}"]
+                cells.append(
+                    f"{s['mean_acceptance_length']:.2f}" + ("" if s["equals_plain"] else " (≠ plain!)")
+                )
+        rates = entry.get(f"k{max(drafts)}_fixed", {}).get("acceptance_rates", [])
+        lines.append(f"| {task} | " + " | ".join(cells) + " | " + " ".join(f"{r:.2f}" for r in rates) + " |")
+    return (
+        "\n".join(lines)
+        + "\n\nMean acceptance length: tokens per verify step, bonus included (1.0 = no draft accepted).\n"
+    )
+
+
+def plot(results: dict, drafts: list[int], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = max(drafts)
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=90)
+    for task, entry in results["tasks"].items():
+        rates = entry.get(f"k{k}_fixed", {}).get("acceptance_rates", [])
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=task)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (accepted / proposed)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"inkling-small MTP acceptance, k={k} drafts every step")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.acceptance", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--work_dir", default=None)
+    p.add_argument("--drafts", default="1,3,8")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per task")
+    p.add_argument("--max_tokens", type=int, default=96)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    args = p.parse_args(argv)
+    results = run(args)
+    print(markdown(results, [int(x) for x in args.drafts.split(",")]))
+
+
+if __name__ == "__main__":
+    main()
