@@ -2,8 +2,8 @@
 
 Phases (each timed in the build log): read and check the checkpoint; resolve each plugin's
 implementation; arrange weights (cast, fuse shared experts, pack NVFP4 experts with the MoE plugin's
-`pack_weights`); export the step program and the encoders with torch.export, dynamic dimensions
-bounded by the BuildConfig.
+`pack_weights`) and, with tp_size > 1, shard them per rank (builder/sharding.py); export the step
+program and the encoders with torch.export, dynamic dimensions bounded by the BuildConfig.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from inkling.encoders import HMLP, Audio
 from inkling.tensors import PROJS, routed_expert_module
 
 from .config import BuildConfig, BuildError
-from .engine import ENGINE_FORMAT_VERSION, Engine
+from .engine import ENGINE_FORMAT_VERSION, Engine, RankShard
 from .network import CacheLayout, StepProgram
+from .sharding import TensorParallel
 
 MAX_BLOCKS_DIM = 1 << 22
 
@@ -78,39 +79,55 @@ def build(
                 "the checkpoint's routed experts are bf16: convert it first "
                 "(python -m convert --model_dir IN --output_dir OUT --quant nvfp4)"
             )
+    tp = TensorParallel(config, bc.tp_size)
     impls = bc.plugin_config.resolve(bc.device)
     for name, impl in impls.items():
         why = "CUDA engine" if impl == "triton" else ("asked for" if bc.device == "cuda" else "CPU engine")
         log(f"plugin {name}: {impl} ({why}), version {plugins.get(name).version}")
+    if tp.tp_size > 1:
+        if bc.compile:
+            raise BuildError("--compile with tp_size > 1 is not supported yet (it compiles on one process)")
+        impls["collectives"] = bc.plugin_config.resolve_collectives(bc.device)
+        log(f"tensor parallel: {tp.tp_size} ranks, collectives {impls['collectives']}, per rank {tp.sizes()}")
     dtype = getattr(torch, bc.dtype)
     device = torch.device(bc.device)
     with log.phase("weights"):
         weights, encoder_tensors = arrange_weights(config, tensors, dtype, device)
-        nbytes = sum(t.numel() * t.element_size() for t in weights.values())
-        log(f"weights: {len(weights)} tensors, {nbytes / 1e9:.3f} GB")
+        shards = tp.split(weights)
+        for rank, shard in enumerate(shards):
+            nbytes = sum(t.numel() * t.element_size() for t in shard.values())
+            log(f"rank {rank} weights: {len(shard)} tensors, {nbytes / 1e9:.3f} GB")
     tuning = {}
     if "triton" in impls.values() and bc.plugin_config.tune:
         with log.phase("tune"):
-            tuning = tune_plugins(config, bc, impls, weights, log)
+            tuning = tune_plugins(config, bc, impls, shards[0], log)
     with log.phase("export"):
         moe_tiles = json.dumps(tuning["expert_sink_moe"]) if "expert_sink_moe" in tuning else ""
-        step_weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
-        programs = {"step": export_step(config, bc, impls, step_weights, device, dtype, moe_tiles)}
+        step_weights = {k: v for k, v in shards[0].items() if not k.startswith("mtp.")}
+        # Every rank's step has the same shapes and ops (collectives find their rank at run time), so
+        # one export serves all; the MTP heads and the encoders run on rank 0 only.
+        step = export_step(config, bc, impls, step_weights, device, dtype, moe_tiles, tp)
+        programs = {"step": step}
         if has_heads(config, bc):
-            programs["mtp_head"] = export_head(config, bc, impls, weights, device, dtype)
+            programs["mtp_head"] = export_head(config, bc, impls, shards[0], device, dtype)
         programs.update(export_encoders(config, bc, encoder_tensors, device, dtype))
-        log(f"programs: {sorted(programs)}")
+        log(f"programs: rank 0 {sorted(programs)}" + (", other ranks ['step']" if tp.tp_size > 1 else ""))
     ops = {}
-    for name in (
+    op_names = [
         "sheared_bias_attention",
         "kv_cache_write",
         "sconv",
         "sconv_kv_write",
         "expert_sink_moe",
         "mtp_draft",
-    ):
+    ]
+    if tp.tp_size > 1:
+        op_names += ["reduce_scatter", "all_gather"]
+    for name in op_names:
         spec = plugins.get(name)
         impl = impls.get(name, impls["sconv"] if "sconv" in name else impls["sheared_bias_attention"])
+        if name in ("reduce_scatter", "all_gather"):
+            impl = impls["collectives"]
         ops[name] = {
             "impl": impl,
             "version": spec.version,
@@ -121,7 +138,7 @@ def build(
         "pretrained_config": config.to_dict(),
         "build_config": bc.to_dict(),
         "plugin_config": {"impls": impls, "ops": ops, "tuning": tuning},
-        "mapping": {"world_size": bc.tp_size, "tp_size": bc.tp_size, "ep_size": 1, "rank": 0},
+        "mapping": {"world_size": bc.tp_size, "tp_size": bc.tp_size, "ep_size": 1, **tp.sizes()},
         "quantization": config.quantization_config,
         "device": bc.device,
         "dtype": bc.dtype,
@@ -132,7 +149,10 @@ def build(
             "pool_size": CacheLayout.of(config).pool_size,
         },
     }
-    engine = Engine(engine_config, weights, programs, tokenizer_json, generation_config, log.lines)
+    engine = Engine(
+        engine_config, shards[0], programs, tokenizer_json, generation_config, log.lines,
+        other_ranks={rank: RankShard(shards[rank], {"step": step}) for rank in range(1, tp.tp_size)},
+    )  # fmt: skip
     if bc.compile:
         with log.phase("compile"):
             engine.compile_cache = compile_step(engine)
@@ -251,18 +271,24 @@ def tune_plugins(config, bc, impls, weights, log) -> dict:
     return out
 
 
-def step_example(config: InklingConfig, bc: BuildConfig, device, dtype, num_blocks: int = 8):
-    """Example inputs for export: 2 sequences of 3 and 2 new tokens (sizes > 1 so nothing specialises)."""
+def step_example(
+    config: InklingConfig,
+    bc: BuildConfig,
+    device,
+    dtype,
+    num_blocks: int = 8,
+    tp: TensorParallel | None = None,
+):
+    """Example inputs for export: 2 sequences of 3 and 2 new tokens (sizes > 1 so nothing specialises);
+    caches and sconv states of one rank's size under tensor parallelism."""
+    tp = tp or TensorParallel(config)
     layout = CacheLayout.of(config)
     T, B, MB = 5, 2, bc.max_blocks_per_seq
     S = config.sconv_kernel_size - 1 + bc.max_draft_len
     slots = bc.max_batch_size
     i32 = dict(dtype=torch.int32, device=device)
-    conv = []
-    for _ in range(config.num_hidden_layers):
-        for C in (config.kv_size, config.kv_size, config.hidden_size, config.hidden_size):
-            conv.append(torch.zeros(slots, S, C, dtype=dtype, device=device))
-    kv_shape = (num_blocks, bc.tokens_per_block, config.num_key_value_heads, config.head_dim)
+    conv = [torch.zeros(slots, S, C, dtype=dtype, device=device) for C in tp.conv_channels()]
+    kv_shape = (num_blocks, bc.tokens_per_block, tp.num_kv_heads, config.head_dim)
     block_tables = torch.zeros(layout.num_groups, B, MB, **i32)
     block_tables[:, 1, 0] = 1
     return dict(
@@ -282,9 +308,9 @@ def step_example(config: InklingConfig, bc: BuildConfig, device, dtype, num_bloc
 
 
 def export_step(
-    config, bc, impls, weights, device, dtype, moe_tiles: str = ""
+    config, bc, impls, weights, device, dtype, moe_tiles: str = "", tp: TensorParallel | None = None
 ) -> torch.export.ExportedProgram:
-    example, _ = step_example(config, bc, device, dtype)
+    example, _ = step_example(config, bc, device, dtype, tp=tp)
     T = Dim("num_tokens", min=1, max=bc.max_num_tokens)
     B = Dim("batch", min=1, max=bc.max_batch_size)
     N = Dim("num_logits", min=1, max=bc.max_num_tokens)
@@ -306,7 +332,7 @@ def export_step(
         "value_caches": [{0: NB}] * layout.pool_size,
         "conv_states": [None] * len(example["conv_states"]),
     }
-    module = StepProgram(config, bc, impls, moe_tiles)
+    module = StepProgram(config, bc, impls, moe_tiles, tp)
     with torch.no_grad():
         return torch.export.export(module, (weights, *example.values()), dynamic_shapes=dynamic)
 

@@ -31,6 +31,9 @@ class PluginConfig:
     sconv: str = "auto"
     expert_sink_moe: str = "auto"
     mtp_draft: str = "auto"
+    # inkling::reduce_scatter / all_gather of tensor-parallel engines: "reference" runs torch.distributed
+    # (gloo on CPU, NCCL on CUDA), "triton" the Lamport kernel for small messages (CUDA, one host).
+    collectives: str = "auto"
     fuse_sconv_kv_write: bool = True
     tune: bool = True  # time the Triton kernels' tile choices at build time (CUDA engines)
 
@@ -40,6 +43,10 @@ class PluginConfig:
             _require(
                 value in ("auto", "reference", "triton"), f"plugin_config.{name}: unknown impl {value!r}"
             )
+        _require(
+            self.collectives in ("auto", "reference", "triton"),
+            f"plugin_config.collectives: unknown impl {self.collectives!r}",
+        )
 
     def resolve(self, device: str) -> dict[str, str]:
         """The concrete impl of each op for a device, with the reason (for the build log)."""
@@ -54,6 +61,16 @@ class PluginConfig:
             )
             out[name] = value
         return out
+
+    def resolve_collectives(self, device: str) -> str:
+        """The collectives' impl, for tensor-parallel engines only: "auto" is reference (torch.distributed)
+        everywhere, since the Lamport kernel pays only for small messages on one host."""
+        value = "reference" if self.collectives == "auto" else self.collectives
+        _require(
+            value == "reference" or device == "cuda",
+            f"plugin_config.collectives={value} needs a CUDA engine (device is {device})",
+        )
+        return value
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -101,7 +118,6 @@ class BuildConfig:
             0 < self.kv_cache_free_gpu_memory_fraction <= 1,
             f"kv_cache_free_gpu_memory_fraction must be in (0, 1], got {self.kv_cache_free_gpu_memory_fraction}",
         )
-        _require(self.tp_size == 1, "tp_size > 1 is not supported yet (tensor-parallelism issue)")
 
     @property
     def max_blocks_per_seq(self) -> int:

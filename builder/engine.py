@@ -3,9 +3,10 @@
 An engine directory holds (TensorRT-LLM's layout, DESIGN.md "Engine"):
 
     config.json                 version, pretrained_config, build_config, plugin_config, mapping,
-                                quantization, device, dtype, programs, files (size and sha256)
-    rank0.safetensors           weights in the layout the plugin ops read
-    rank0.<program>.pt2         step programs exported with torch.export (weights are inputs)
+                                quantization, device, dtype, programs, rank_programs, files (size and sha256)
+    rank{r}.safetensors         rank r's weights in the layout the plugin ops read (sharded when tp_size > 1)
+    rank{r}.<program>.pt2       programs exported with torch.export (weights are inputs): rank 0 has every
+                                program (`programs`), the other ranks the step only (`rank_programs`)
     rank0.compile_cache.bin     torch.compile's cache artifacts for the step program (when built with compile)
     tokenizer.json, generation_config.json
     build.log
@@ -50,7 +51,19 @@ def _sha256(path: str) -> str:
 
 
 @dataclass
+class RankShard:
+    """One rank's part of a tensor-parallel engine."""
+
+    weights: dict[str, torch.Tensor]
+    programs: dict[str, torch.export.ExportedProgram]
+
+
+@dataclass
 class Engine:
+    """One rank's view of an engine (rank 0 unless loaded with `from_dir(rank=r)`): its weights and programs,
+    and what every rank shares. A tensor-parallel engine built in memory also holds the other ranks' parts
+    (`other_ranks`), which `save` writes beside rank 0's; a loaded one holds its own rank only."""
+
     config: dict[str, Any]
     weights: dict[str, torch.Tensor]
     programs: dict[str, torch.export.ExportedProgram]
@@ -58,6 +71,8 @@ class Engine:
     generation_config: dict[str, Any] | None = None
     build_log: list[str] = field(default_factory=list)
     compile_cache: bytes | None = None  # torch.compiler cache artifacts of the step program, from the build
+    rank: int = 0
+    other_ranks: dict[int, RankShard] = field(default_factory=dict)
 
     @property
     def step_weights(self) -> dict[str, torch.Tensor]:
@@ -75,6 +90,14 @@ class Engine:
     @property
     def device(self) -> str:
         return self.config["device"]
+
+    @property
+    def tp_size(self) -> int:
+        return self.config.get("mapping", {}).get("tp_size", 1)
+
+    def ranks(self) -> dict[int, RankShard]:
+        """The ranks' parts this object holds: its own and, built in memory, the others'."""
+        return {self.rank: RankShard(self.weights, self.programs), **self.other_ranks}
 
     # Saving.
     def save(self, out_dir: str | os.PathLike, force: bool = False) -> None:
@@ -95,14 +118,18 @@ class Engine:
             raise
 
     def _write(self, d: str) -> None:
-        files = {"rank0.safetensors": None}
-        save_file(
-            {k: v.contiguous().cpu() for k, v in self.weights.items()}, os.path.join(d, "rank0.safetensors")
-        )
-        for name, program in self.programs.items():
-            fname = f"rank0.{name}.pt2"
-            torch.export.save(program, os.path.join(d, fname))
+        ranks = self.ranks()
+        if sorted(ranks) != list(range(self.tp_size)):
+            raise EngineError(f"saving needs every rank's part: have ranks {sorted(ranks)} of {self.tp_size}")
+        files = {}
+        for rank, part in sorted(ranks.items()):
+            fname = f"rank{rank}.safetensors"
+            save_file({k: v.contiguous().cpu() for k, v in part.weights.items()}, os.path.join(d, fname))
             files[fname] = None
+            for name, program in part.programs.items():
+                fname = f"rank{rank}.{name}.pt2"
+                torch.export.save(program, os.path.join(d, fname))
+                files[fname] = None
         if self.compile_cache is not None:
             with open(os.path.join(d, "rank0.compile_cache.bin"), "wb") as f:
                 f.write(self.compile_cache)
@@ -118,7 +145,8 @@ class Engine:
         with open(os.path.join(d, "build.log"), "w") as f:
             f.write("\n".join(self.build_log) + "\n")
         config = dict(self.config)
-        config["programs"] = sorted(self.programs)
+        config["programs"] = sorted(ranks[0].programs)
+        config["rank_programs"] = [sorted(part.programs) for _, part in sorted(ranks.items())]
         config["files"] = {
             name: {"size": os.path.getsize(os.path.join(d, name)), "sha256": _sha256(os.path.join(d, name))}
             for name in files
@@ -130,32 +158,41 @@ class Engine:
     # Loading.
     @classmethod
     def from_dir(
-        cls, engine_dir: str | os.PathLike, device: str | None = None, verify: str = "auto"
+        cls,
+        engine_dir: str | os.PathLike,
+        device: str | None = None,
+        verify: str = "auto",
+        rank: int = 0,
+        world_size: int | None = None,
     ) -> Engine:
-        """Load and check an engine: format version, plugin versions, device kind, files (sizes and hashes)."""
+        """Load and check rank `rank`'s part of an engine: format version, plugin versions, device kind,
+        files (sizes and hashes), and that `world_size` (the ranks launched; None: not checked) is the
+        engine's tp_size."""
         engine_dir = os.fspath(engine_dir)
         config = read_engine_config(engine_dir)
         check_compatible(config, device)
+        check_mapping(engine_dir, config, rank, world_size)
         check_files(engine_dir, config, verify)
         weights = {}
         target = device or config["device"]
         with safe_open(
-            os.path.join(engine_dir, "rank0.safetensors"), framework="pt", device=str(target)
+            os.path.join(engine_dir, f"rank{rank}.safetensors"), framework="pt", device=str(target)
         ) as f:
             for name in f.keys():
                 weights[name] = f.get_tensor(name)
         programs = {}
-        for name in config["programs"]:
+        for name in config.get("rank_programs", [config["programs"]])[rank]:
             try:
-                programs[name] = torch.export.load(os.path.join(engine_dir, f"rank0.{name}.pt2"))
+                programs[name] = torch.export.load(os.path.join(engine_dir, f"rank{rank}.{name}.pt2"))
             except Exception as e:  # a corrupt archive: say which file
                 raise EngineError(f"cannot load program {name!r} of engine {engine_dir}: {e}") from e
         tok_path = os.path.join(engine_dir, "tokenizer.json")
         gen_path = os.path.join(engine_dir, "generation_config.json")
         cache_path = os.path.join(engine_dir, "rank0.compile_cache.bin")
         return cls(
+            rank=rank,
             compile_cache=open(cache_path, "rb").read()
-            if "rank0.compile_cache.bin" in config["files"]
+            if rank == 0 and "rank0.compile_cache.bin" in config["files"]
             else None,
             config=config,
             weights=weights,
@@ -222,6 +259,20 @@ def check_compatible(config: dict[str, Any], device: str | None) -> None:
         raise EngineError("engine was built for cuda but no CUDA device is available here")
     if config["dtype"] not in ("bfloat16", "float32"):
         raise EngineError(f"engine dtype {config['dtype']!r} is not supported")
+
+
+def check_mapping(engine_dir: str, config: dict[str, Any], rank: int, world_size: int | None) -> None:
+    """The ranks launched must be the ranks the engine was built for."""
+    tp_size = config.get("mapping", {}).get("tp_size", 1)
+    if world_size is not None and world_size != tp_size:
+        raise EngineError(
+            f"engine {engine_dir} was built for tp_size {tp_size} and runs on exactly {tp_size} ranks, "
+            f"not {world_size}: launch {tp_size} ranks or rebuild it with --tp_size {world_size}"
+        )
+    if not 0 <= rank < tp_size:
+        raise EngineError(
+            f"engine {engine_dir} has ranks 0..{tp_size - 1} (tp_size {tp_size}), not rank {rank}"
+        )
 
 
 def check_files(engine_dir: str, config: dict[str, Any], verify: str = "auto") -> None:

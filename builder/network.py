@@ -2,8 +2,9 @@
 
 One step program serves every step kind (prefill, chunked prefill, MTP verify, decode): the new tokens
 of B sequences are concatenated (docs/interfaces.md). Weights are an input (a dict, the engine's
-`rank0.safetensors`), so the exported program carries no weights and the runtime owns the memory;
-the caches are inputs that the ops mutate in place.
+`rank{r}.safetensors`), so the exported program carries no weights and the runtime owns the memory;
+the caches are inputs that the ops mutate in place. Under tensor parallelism each rank's program sees
+its own heads, expert slices and channel slices, and meets the other ranks in `channel_sconv`.
 
 KV cache groups (docs/interfaces.md "KV cache"): layers are split into groups of `group_size` layers
 of one kind; layer l uses pool tensor `l % group_size` and block table `l // group_size`.
@@ -21,6 +22,7 @@ import plugins  # noqa: F401  (registers torch.ops.inkling.*)
 from inkling.config import InklingConfig
 
 from .config import BuildConfig
+from .sharding import TensorParallel
 
 
 def kv_group_size(c: InklingConfig) -> int:
@@ -81,7 +83,15 @@ class StepProgram(nn.Module):
     conv_states: 4 per layer, sites k, v, o, m, each [slots, S, C].
     """
 
-    def __init__(self, config: InklingConfig, build: BuildConfig, impls: dict[str, str], moe_tiles: str = ""):
+    def __init__(
+        self,
+        config: InklingConfig,
+        build: BuildConfig,
+        impls: dict[str, str],
+        moe_tiles: str = "",
+        tp: TensorParallel | None = None,
+    ):
+        """tp: the rank's share of a tensor-parallel engine (builder/sharding.py); None for one rank."""
         super().__init__()
         self.moe_tiles = moe_tiles
         self.c = config
@@ -89,6 +99,8 @@ class StepProgram(nn.Module):
         self.impls = impls
         self.fuse_kv = build.plugin_config.fuse_sconv_kv_write
         self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.tp = tp or TensorParallel(config)
+        self.num_heads, self.num_kv_heads = self.tp.num_heads, self.tp.num_kv_heads
 
     def embed(self, table, input_ids, mm_embeds, mm_positions):
         """Rows of the embedding `table`, with the image/audio embeddings spliced in by position."""
@@ -100,7 +112,10 @@ class StepProgram(nn.Module):
         c = self.c
         T = x.shape[0]
         cu, seq_lens, state_idx, block_table, slot_mapping = meta
-        q, k, v, r = (x @ w[f"{p}.qkvr_proj.weight"].T).split((c.q_size, c.kv_size, c.kv_size, c.r_size), -1)
+        Hq, Hkv, D = self.num_heads, self.num_kv_heads, c.head_dim
+        q, k, v, r = (x @ w[f"{p}.qkvr_proj.weight"].T).split(
+            (Hq * D, Hkv * D, Hkv * D, Hq * c.rel_head_dim), -1
+        )
         impl = self.impls["sconv"]
         if self.fuse_kv:
             torch.ops.inkling.sconv_kv_write(
@@ -115,17 +130,29 @@ class StepProgram(nn.Module):
                 v.contiguous(), w[f"{p}.sconv_v.weight"], conv[1], state_idx, cu, impl
             )
             torch.ops.inkling.kv_cache_write(
-                k.view(T, c.num_key_value_heads, c.head_dim), v.view(T, c.num_key_value_heads, c.head_dim),
+                k.view(T, Hkv, D), v.view(T, Hkv, D),
                 key_cache, value_cache, slot_mapping, self.impls["sheared_bias_attention"],
             )  # fmt: skip
         o = torch.ops.inkling.sheared_bias_attention(
-            q.reshape(T, c.num_attention_heads, c.head_dim).contiguous(),
-            r.reshape(T, c.num_attention_heads, c.rel_head_dim).contiguous(),
+            q.reshape(T, Hq, D).contiguous(),
+            r.reshape(T, Hq, c.rel_head_dim).contiguous(),
             w[f"{p}.rel_embed"], key_cache, value_cache, block_table, cu, seq_lens,
             T, window, self.scale, self.impls["sheared_bias_attention"],
         )  # fmt: skip
-        a = o.reshape(T, -1) @ w[f"{p}.o_proj.weight"].T
-        return torch.ops.inkling.sconv(a, w[f"{p}.sconv_o.weight"], conv[2], state_idx, cu, impl)
+        a = o.reshape(T, -1) @ w[f"{p}.o_proj.weight"].T  # a partial sum over the rank's heads
+        return self.channel_sconv(a, w[f"{p}.sconv_o.weight"], conv[2], state_idx, cu)
+
+    def channel_sconv(self, x, weight, state, state_idx, cu):
+        """sconv of the sum over ranks of the partial sums `x` [T, H]: reduce-scatter to the rank's channel
+        slice [T, H/N], convolve it with the rank's slice of the weight and its own state, all-gather
+        (DESIGN.md "Tensor parallelism"). With one rank, just the sconv."""
+        n = self.tp.tp_size
+        if n > 1:
+            x = torch.ops.inkling.reduce_scatter(x, n, self.impls["collectives"])
+        y = torch.ops.inkling.sconv(x, weight, state, state_idx, cu, self.impls["sconv"])
+        if n > 1:
+            y = torch.ops.inkling.all_gather(y, n, self.impls["collectives"])
+        return y
 
     def moe(self, w, p, x, conv_m, meta):
         from plugins.moe import PACKED_NAMES
@@ -136,9 +163,7 @@ class StepProgram(nn.Module):
             w[f"{p}.shared_w13"], w[f"{p}.shared_w2"], self.c.num_routed_experts, self.c.num_experts_per_tok,
             self.moe_tiles, self.impls["expert_sink_moe"],
         )  # fmt: skip
-        return torch.ops.inkling.sconv(
-            y, w[f"{p}.sconv_m.weight"], conv_m, state_idx, cu, self.impls["sconv"]
-        )
+        return self.channel_sconv(y, w[f"{p}.sconv_m.weight"], conv_m, state_idx, cu)
 
     def forward(
         self,

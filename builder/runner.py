@@ -16,6 +16,7 @@ from inkling.processing import image_patches
 
 from .encoder_graphs import GraphedEncoder
 from .engine import Engine
+from .sharding import TensorParallel
 
 
 @dataclass
@@ -54,13 +55,16 @@ class EngineRunner:
             GraphedEncoder(
                 engine.programs[k].module(), k, self.device, self.dtype, engine_config=engine.config
             )
+            if k in engine.programs
+            else None  # a tensor-parallel worker: rank 0 encodes media
             for k in ("vision", "audio")
         )
+        self.tp = TensorParallel(c, engine.tp_size)
         self.num_groups = len(self.layout["group_windows"])
         self.num_blocks = (
             num_blocks or self.num_groups * self.build.max_batch_size * self.build.max_blocks_per_seq
         )
-        kv_shape = (self.num_blocks, self.build.tokens_per_block, c.num_key_value_heads, c.head_dim)
+        kv_shape = (self.num_blocks, self.build.tokens_per_block, self.tp.num_kv_heads, c.head_dim)
         pool = self.layout["pool_size"]
         self.key_caches = [torch.zeros(kv_shape, dtype=self.dtype, device=self.device) for _ in range(pool)]
         self.value_caches = [torch.zeros(kv_shape, dtype=self.dtype, device=self.device) for _ in range(pool)]
@@ -69,14 +73,16 @@ class EngineRunner:
             torch.zeros(self.build.max_batch_size, self.state_rows, C, dtype=self.dtype, device=self.device)
             for C in self.conv_channels()
         ]
-        self._init_heads(weights, kv_shape)
+        self._init_heads(weights)
 
-    def _init_heads(self, weights: dict[str, torch.Tensor], kv_shape: tuple[int, ...]) -> None:
+    def _init_heads(self, weights: dict[str, torch.Tensor]) -> None:
         """The MTP head program, each head's weights, and its own KV (sharing the block table of the
-        full-attention group 0) and sconv states (sites k, v, o); docs/interfaces.md "MTP heads"."""
+        full-attention group 0) and sconv states (sites k, v, o); docs/interfaces.md "MTP heads".
+        The heads are whole (never sharded): only rank 0 has them."""
         from .build import head_weights
 
         c = self.config
+        kv_shape = (self.num_blocks, self.build.tokens_per_block, c.num_key_value_heads, c.head_dim)
         self.num_heads = c.num_mtp_heads if "mtp_head" in self.engine.programs else 0
         self.head = self.engine.programs["mtp_head"].module() if self.num_heads else None
         self.head_weights = [head_weights(weights, m) for m in range(1, self.num_heads + 1)]
@@ -95,13 +101,9 @@ class EngineRunner:
         ]
 
     def conv_channels(self) -> list[int]:
-        """Channels of each sconv state, layer by layer, sites k, v, o, m (the step program's order)."""
-        c = self.config
-        return [
-            C
-            for _ in range(c.num_hidden_layers)
-            for C in (c.kv_size, c.kv_size, c.hidden_size, c.hidden_size)
-        ]
+        """Channels of each sconv state, layer by layer, sites k, v, o, m (the step program's order): the
+        rank's slices under tensor parallelism."""
+        return self.tp.conv_channels()
 
     # Media.
     def media_embeddings(self, prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor]:

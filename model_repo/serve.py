@@ -294,10 +294,15 @@ class TritonServer:
         return self.process.wait() if code is None else code
 
     def log_tail(self, num_chars: int = 6000) -> str:
+        """The end of the server's log, after its error lines (E...), which a long status table
+        printed at shutdown would otherwise push out of the tail."""
         try:
-            return self.log_path.read_text(errors="replace")[-num_chars:]
+            text = self.log_path.read_text(errors="replace")
         except OSError:
             return "(no log)"
+        errors = [line for line in text.splitlines() if line.startswith("E") and "] " in line]
+        head = "\n".join(errors)[-num_chars:]
+        return (f"error lines:\n{head}\n\nlog tail:\n" if errors else "") + text[-num_chars:]
 
     def __enter__(self) -> TritonServer:
         self.start()

@@ -19,6 +19,7 @@ from builder.engine import Engine
 
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
+from .distributed import Workers
 from .model_runner import HeadWork, ModelRunner
 from .params import SamplingParams
 from .sampler import filter_logits, make_generator, sample
@@ -66,9 +67,15 @@ class RequestState:
 
 class LLMEngine:
     def __init__(
-        self, engine: Engine, num_blocks: int | None = None, seed: int = 0, device: str | None = None
+        self,
+        engine: Engine,
+        num_blocks: int | None = None,
+        seed: int = 0,
+        device: str | None = None,
+        workers: Workers | None = None,
     ):
-        self.runner = ModelRunner(engine, num_blocks, device)
+        """workers: the other ranks of a tensor-parallel engine (runtime/distributed.py; LLM starts them)."""
+        self.runner = ModelRunner(engine, num_blocks, device, workers)
         bc = engine.build_config
         self.build = bc
         self.config = engine.model_config

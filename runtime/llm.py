@@ -14,15 +14,17 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from builder.engine import Engine
+from builder.engine import Engine, read_engine_config
 from inkling.processing import ProcessedPrompt, Processor
 
+from .distributed import Workers
 from .engine import LLMEngine, PromptInput, StreamDelta
 from .params import SamplingParams
 
@@ -41,17 +43,39 @@ class RequestOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def _load(engine: str | os.PathLike | Engine) -> Engine:
-    return engine if isinstance(engine, Engine) else Engine.from_dir(engine)
-
-
 class LLM:
     def __init__(self, engine: str | os.PathLike | Engine, num_blocks: int | None = None, seed: int = 0):
-        self.engine = LLMEngine(_load(engine), num_blocks, seed)
+        """engine: a directory, or an Engine in memory (one rank only). A tensor-parallel engine (tp_size N)
+        is loaded here as rank 0, and its other N-1 ranks are started as worker processes (stop them with
+        `shutdown()`; they also stop when this process exits)."""
+        self.workers = None
+        if isinstance(engine, Engine):
+            if engine.tp_size > 1:
+                raise ValueError(
+                    f"a tensor-parallel engine (tp_size {engine.tp_size}) runs from its directory, where "
+                    "each rank loads its own part: save it and pass the path"
+                )
+        else:
+            config = read_engine_config(os.fspath(engine))
+            tp_size = config.get("mapping", {}).get("tp_size", 1)
+            if tp_size > 1:
+                self.workers = Workers(os.fspath(engine), config, num_blocks)
+                weakref.finalize(self, self.workers.shutdown)
+            try:
+                engine = Engine.from_dir(engine, world_size=tp_size)
+            except BaseException:
+                self.shutdown()
+                raise
+        self.engine = LLMEngine(engine, num_blocks, seed, workers=self.workers)
         self.processor = (
             Processor(self.engine.config, self.engine.tokenizer) if self.engine.tokenizer else None
         )
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the worker processes of a tensor-parallel engine (nothing to do for one rank)."""
+        if self.workers is not None:
+            self.workers.shutdown()
 
     # Prompts.
     def prepare(self, prompt: PromptLike) -> PromptInput:
@@ -173,6 +197,7 @@ class EngineLoop:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
+        self.llm.shutdown()
 
     def _drain_inbox(self) -> None:
         while True:

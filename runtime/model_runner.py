@@ -3,10 +3,13 @@ sequences, runs the step program, saves and restores sconv states, rolls sequenc
 
 It owns every device tensor: the KV pool (one tensor per pool slot, docs/interfaces.md), the sconv
 states (one slot per running sequence) and the sconv snapshots of prefix-cache restore points.
+Under tensor parallelism each rank has a ModelRunner over its own slices; rank 0's broadcasts each call
+that changes them to the others (`workers`, runtime/distributed.py), which make the same call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -17,11 +20,30 @@ from builder.runner import EngineRunner
 from inkling.processing import image_patches
 
 from .block_manager import FREED
+from .distributed import Workers
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 
 MAX_SNAPSHOTS = 1024  # sconv snapshot slots of prefix-cache restore points
 HIDDEN_RING = 16  # positions of h^0..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
+
+
+@dataclass
+class StepInputs:
+    """The step program's inputs other than weights, caches and states (builder/network.py StepProgram)."""
+
+    input_ids: torch.Tensor
+    mm_embeds: torch.Tensor
+    mm_positions: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    slot_mappings: torch.Tensor
+    state_indices: torch.Tensor
+    logits_indices: torch.Tensor
+
+    def to(self, device: torch.device) -> list[torch.Tensor]:
+        return [getattr(self, f.name).to(device) for f in dataclasses.fields(self)]
 
 
 @dataclass
@@ -41,8 +63,21 @@ class ModelRunner(EngineRunner):
     """EngineRunner's programs and caches, stepped from the scheduler's batches, plus the sconv
     snapshots of prefix-cache restore points."""
 
-    def __init__(self, engine: Engine, num_blocks: int | None = None, device: str | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        num_blocks: int | None = None,
+        device: str | None = None,
+        workers: Workers | None = None,
+    ):
+        """workers: on rank 0 of a tensor-parallel engine, the other ranks (they mirror its calls)."""
+        if engine.tp_size > 1 and engine.rank == 0 and workers is None:
+            raise ValueError(
+                f"this engine is tensor-parallel (tp_size {engine.tp_size}): run it with LLM(engine_dir), "
+                "which starts its ranks"
+            )
         super().__init__(engine, num_blocks, device)
+        self.workers = workers
         self.block_size = self.build.tokens_per_block
         self.K1 = self.config.sconv_kernel_size - 1
         # The last K-1 sconv inputs at prefix-cache restore points. Each slot holds K-1 rows of every
@@ -73,13 +108,36 @@ class ModelRunner(EngineRunner):
         empty = torch.zeros(0, H, dtype=self.dtype, device=self.device)
         return (torch.cat(img) if img else empty), (torch.cat(aud) if aud else empty)
 
+    def _mirror(self, method: str, *args) -> None:
+        """Rank 0 of a tensor-parallel engine: have every other rank make the same call first."""
+        if self.workers is not None:
+            self.workers.call(method, *args)
+
     # A step.
     @torch.no_grad()
     def run(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int], torch.Tensor]:
         """Feed each scheduled sequence's new tokens (MTP drafts included). Returns float32 logits of
         each sequence's last 1 + num_drafts rows (sequence b's are rows[b]..rows[b+1]-1), the row
         offsets, and the last hidden states h^0 of every token fed [T, H]."""
-        dev, bs = self.device, self.block_size
+        inputs = self.step_inputs(batch)
+        self._mirror("execute", inputs)
+        logits, hidden = self.execute(inputs)
+        rows = [0]
+        for s in batch:
+            rows.append(rows[-1] + 1 + s.num_drafts)
+        return logits, rows, hidden
+
+    @torch.no_grad()
+    def execute(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step program over this rank's weights, caches and states."""
+        return self.step(
+            self.weights, *inputs.to(self.device), self.key_caches, self.value_caches, self.conv_states
+        )
+
+    def step_inputs(self, batch: list[ScheduledSeq]) -> StepInputs:
+        """The batch's tokens, media, block tables, slot mappings and state slots (host tensors, but media
+        embeddings stay where the encoders left them)."""
+        bs = self.block_size
         B = len(batch)
         q_lens = [s.num_tokens for s in batch]
         cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
@@ -101,33 +159,26 @@ class ModelRunner(EngineRunner):
                 if s.start <= p < s.start + s.num_tokens:
                     mm_rows.append(seq.mm_embeds[row : row + 1])
                     mm_pos.append(int(cu[b]) + p - s.start)
-        mm_rows.append(torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=dev))
+        mm_rows.append(torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=self.device))
         mm_pos.append(T)
         logits_idx = torch.cat(
             [torch.arange(int(cu[b + 1]) - 1 - s.num_drafts, int(cu[b + 1])) for b, s in enumerate(batch)]
         )
-        rows = [0]
-        for s in batch:
-            rows.append(rows[-1] + 1 + s.num_drafts)
-        logits, hidden = self.step(
-            self.weights,
-            torch.cat(ids).to(dev),
-            torch.cat([r.to(dev, self.dtype) for r in mm_rows]),
-            torch.tensor(mm_pos, device=dev),
-            cu.to(dev),
-            torch.tensor([s.start + s.num_tokens for s in batch], dtype=torch.int32, device=dev),
-            tables.to(dev),
-            slots.to(dev),
-            torch.tensor([s.seq.slot for s in batch], dtype=torch.int32, device=dev),
-            logits_idx.to(dev),
-            self.key_caches,
-            self.value_caches,
-            self.conv_states,
+        return StepInputs(
+            input_ids=torch.cat(ids),
+            mm_embeds=torch.cat([r.to(self.device, self.dtype) for r in mm_rows]),
+            mm_positions=torch.tensor(mm_pos),
+            cu_seqlens_q=cu,
+            seq_lens=torch.tensor([s.start + s.num_tokens for s in batch], dtype=torch.int32),
+            block_tables=tables,
+            slot_mappings=slots,
+            state_indices=torch.tensor([s.seq.slot for s in batch], dtype=torch.int32),
+            logits_indices=logits_idx,
         )
-        return logits, rows, hidden
 
     # Sconv states.
     def reset_slot(self, slot: int) -> None:
+        self._mirror("reset_slot", slot)
         for t in self.conv_states:
             t[slot].zero_()
         for states in self.head_conv_states:
@@ -139,10 +190,12 @@ class ModelRunner(EngineRunner):
         end = self.state_rows - back
         if end < self.K1:
             raise ValueError(f"sconv history holds {self.state_rows} rows, cannot go {back} back")
+        self._mirror("save_snapshot", slot, snapshot, back)
         for state, snap in zip(self.conv_states, self.snapshots):
             snap[snapshot] = state[slot, end - self.K1 : end]
 
     def restore_snapshot(self, slot: int, snapshot: int) -> None:
+        self._mirror("restore_snapshot", slot, snapshot)
         for state, snap in zip(self.conv_states, self.snapshots):
             state[slot].zero_()
             state[slot, self.state_rows - self.K1 :] = snap[snapshot]
@@ -152,9 +205,40 @@ class ModelRunner(EngineRunner):
         model's, or with head=m those of MTP head m."""
         if not 0 <= n <= self.build.max_draft_len:
             raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {n}")
+        if n and head == 0:
+            self._mirror("rollback", slot, n)
         if n:
             for state in self.conv_states if head == 0 else self.head_conv_states[head - 1]:
                 state[slot, n:] = state[slot, :-n].clone()
+
+    def memory_reports(self) -> list[dict]:
+        """`memory_report()` of every rank, rank 0 first."""
+        own = self.memory_report()
+        return [own] if self.workers is None else self.workers.gather("memory_report", own=own)
+
+    def memory_report(self) -> dict:
+        """What this rank holds: weights, KV cache and sconv states (their channels per site, in the step's
+        order), and the MTP heads'."""
+
+        def nbytes(ts) -> int:
+            return sum(t.numel() * t.element_size() for t in ts)
+
+        heads = [
+            *self.head_key_caches,
+            *self.head_value_caches,
+            *(t for s in self.head_conv_states for t in s),
+        ]
+        return {
+            "rank": self.engine.rank,
+            "weight_bytes": nbytes(self.weights.values())
+            + nbytes(t for w in self.head_weights for t in w.values()),
+            "kv_cache_shape": list(self.key_caches[0].shape),
+            "kv_cache_bytes": nbytes(self.key_caches) + nbytes(self.value_caches),
+            "conv_state_channels": [t.shape[-1] for t in self.conv_states],
+            "conv_state_bytes": nbytes(self.conv_states),
+            "num_mtp_heads": self.num_heads,
+            "head_state_bytes": nbytes(heads),
+        }
 
     # MTP heads.
     @torch.no_grad()

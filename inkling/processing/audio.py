@@ -12,7 +12,6 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.signal
 import torch
 import torch.nn.functional as F
 
@@ -126,7 +125,12 @@ def _decode_samples(fmt: WavFormat, raw: memoryview) -> np.ndarray:
 
 
 def resample_to(wave: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
-    """Polyphase resampling (scipy's default Kaiser window), up/down reduced by their gcd."""
+    """Polyphase resampling (scipy's default Kaiser window), up/down reduced by their gcd.
+
+    scipy is imported here, not at module level: 16 kHz audio never needs it, and a Triton Python
+    stub's environment may hold a NumPy that the installed scipy does not support."""
+    import scipy.signal
+
     if orig_sr == target_sr:
         return wave
     g = math.gcd(orig_sr, target_sr)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.needle import needle_prompts, prepare_engine, reference_check
+from bench.needle import ANSWER_TOKENS, needle_prompts, prepare_engine, reference_check
 from inkling.model import InklingReference
 from inkling.tokenizer import load_tokenizer
 from runtime import LLM, SamplingParams
@@ -39,12 +39,12 @@ def test_passkey_retrieval_through_the_engine(small):
     prompts = needle_prompts(tok, [600, 1500], [0.1, 0.9], trials=1, seed=5)
     outs = llm.generate(
         [PromptInput(torch.tensor(p.prompt)) for p in prompts],
-        SamplingParams(max_tokens=len(prompts[0].answer)),
+        SamplingParams(max_tokens=ANSWER_TOKENS),
     )
     for p, out in zip(prompts, outs):
         got = list(out.token_ids)
         assert reference_check(reference, p.prompt, got) == (None, False), (p.length, p.depth)
-        assert tok.decode(got) == f" {p.passkey}.", (p.length, p.depth, tok.decode(got))
+        assert tok.decode(got).startswith(f" {p.passkey}."), (p.length, p.depth, tok.decode(got))
 
 
 def test_trained_heads_get_drafts_accepted(small):

@@ -4,7 +4,9 @@ execute() only parses and submits: the engine thread steps every request in flig
 hands each delta to `on_delta`, which queues it; one sender thread turns deltas into responses, so
 the engine never waits on Triton. The sender also notices cancelled requests (client cancel or
 disconnect) and aborts them in the runtime, which frees their cache blocks at once, and publishes
-the cache statistics as gauges on Triton's metrics endpoint.
+the cache statistics as gauges on Triton's metrics endpoint. An engine built with tp_size N runs on N
+ranks: the LLM inside the loop is rank 0 and starts the other N-1 as worker processes
+(runtime/distributed.py); `finalize` stops them.
 """
 
 from __future__ import annotations

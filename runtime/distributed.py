@@ -1,0 +1,188 @@
+"""Tensor-parallel ranks for the runtime: rank 0 is the LLM's own process, the others are worker processes
+that it starts (DESIGN.md "Tensor parallelism", docs/interfaces.md "Tensor parallelism").
+
+Rank 0 schedules, samples, encodes media and runs the MTP heads. Every call of its ModelRunner that
+touches what each rank holds (the step over its KV and sconv slices, a slot's reset, prefix-cache
+snapshots, rollback) is first broadcast to the workers, which make the same call on their own
+ModelRunner: the step's inputs go out every step, and the ranks' collectives inside the step program
+meet. Two process groups: the default one (gloo on CPU, NCCL on CUDA) carries the step's collectives
+through the communicator (plugins.collectives); a gloo group carries the control messages, with a long
+timeout since a worker waits there for as long as the server is idle.
+
+The workers are `python -m runtime.worker` processes (runtime/worker.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from plugins.collectives import init_communicator, set_communicator
+
+CONTROL_TIMEOUT = timedelta(days=365)  # a worker waits for the next call as long as the server idles
+STEP_TIMEOUT = timedelta(minutes=10)  # a collective inside a step (a rank that died shows up here)
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass
+class RankGroup:
+    """This process's place among the ranks: the control group and the step collectives' communicator."""
+
+    rank: int
+    world_size: int
+    control: dist.ProcessGroup
+
+    @classmethod
+    def join(cls, store: dist.Store, rank: int, world_size: int, device: str, collectives: str) -> RankGroup:
+        """Every rank calls this at start: process groups, then the communicator the step's ops use.
+        collectives: the engine's impl of the collective ops ("triton" on CUDA: the Lamport communicator)."""
+        cuda = device == "cuda"
+        if cuda:
+            torch.cuda.set_device(rank)
+        backend = "nccl" if cuda else "gloo"
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=STEP_TIMEOUT)
+        control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        backend = ("lamport" if collectives == "triton" else "nccl") if cuda else "gloo"
+        dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        set_communicator(init_communicator(backend, rank=rank, world_size=world_size, device=dev))
+        return cls(rank, world_size, control)
+
+    def leave(self) -> None:
+        from plugins.collectives import get_communicator
+
+        get_communicator().close()
+        set_communicator(None)
+        dist.destroy_process_group()
+
+
+def to_host(obj: Any) -> Any:
+    """Tensors (also inside tuples, lists, dicts and dataclasses) moved to the CPU, for the control group."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(
+            obj, **{f.name: to_host(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        )
+    return obj
+
+
+class Workers:
+    """Rank 0's side: the N-1 worker processes, and the calls it broadcasts to them."""
+
+    def __init__(self, engine_dir: str, config: dict, num_blocks: int | None = None):
+        """Start the workers of the engine at `engine_dir` (its config.json `config`) and join them as rank 0."""
+        if dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is already initialised in this process: one tensor-parallel LLM per "
+                "process at a time (shut the other down first)"
+            )
+        self.world_size = config["mapping"]["tp_size"]
+        device = config["device"]
+        collectives = config["plugin_config"]["impls"].get("collectives", "reference")
+        port = _free_port()
+        store = dist.TCPStore(
+            "127.0.0.1", port, self.world_size, is_master=True, timeout=STEP_TIMEOUT, wait_for_workers=False
+        )
+        path = os.pathsep.join(filter(None, [PROJECT_ROOT, os.environ.get("PYTHONPATH")]))
+        args = ["--engine_dir", os.path.abspath(engine_dir), "--world_size", str(self.world_size)]
+        args += ["--store", f"127.0.0.1:{port}", "--num_blocks", str(num_blocks or 0)]
+        self.procs = [
+            subprocess.Popen(
+                [_python(), "-m", "runtime.worker", *args, "--rank", str(rank)],
+                env={**os.environ, "PYTHONPATH": path},
+            )
+            for rank in range(1, self.world_size)
+        ]
+        try:
+            self._wait_started(store)
+            self.group = RankGroup.join(store, 0, self.world_size, device, collectives)
+        except BaseException:
+            self._kill()
+            raise
+        self.closed = False
+
+    def _wait_started(self, store: dist.Store) -> None:
+        """Until every worker has started (imports done, `started/{rank}` set in the store); a worker that
+        exits first is an error here rather than a join that waits for it until the timeout."""
+        keys = [f"started/{rank}" for rank in range(1, self.world_size)]
+        while not store.check(keys):
+            for rank, proc in enumerate(self.procs, start=1):
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"tensor-parallel worker rank {rank} exited with code {proc.returncode} while starting"
+                    )
+            time.sleep(0.05)
+
+    def call(self, method: str, *args: Any) -> None:
+        """Every worker runs `runner.<method>(*args)` on its own ModelRunner (rank 0 runs it itself)."""
+        self._send(method, args, reply=False)
+
+    def gather(self, method: str, *args: Any, own: Any = None) -> list[Any]:
+        """Like `call`, and collect each rank's result: [own (rank 0's), rank 1's, ...]."""
+        self._send(method, args, reply=True)
+        out = [None] * self.world_size
+        dist.gather_object(own, out, dst=0, group=self.group.control)
+        return out
+
+    def _send(self, method: str, args: tuple, reply: bool) -> None:
+        if self.closed:
+            raise RuntimeError("the tensor-parallel workers were shut down")
+        for rank, proc in enumerate(self.procs, start=1):
+            if proc.poll() is not None:
+                raise RuntimeError(f"tensor-parallel worker rank {rank} exited with code {proc.returncode}")
+        dist.broadcast_object_list([(method, to_host(args), reply)], src=0, group=self.group.control)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the workers and leave the process groups (the process can then start others)."""
+        if self.closed:
+            return
+        try:
+            if all(p.poll() is None for p in self.procs):
+                dist.broadcast_object_list([("shutdown", (), False)], src=0, group=self.group.control)
+            deadline = time.monotonic() + timeout
+            for proc in self.procs:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+        except Exception:
+            self._kill()
+        finally:
+            self.closed = True
+            self.group.leave()
+
+    def _kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _python() -> str:
+    """A Python interpreter for the workers: this one, unless it is embedded (Triton's Python-backend
+    stub), where the `python3` first on PATH is the stubs' environment."""
+    if os.path.basename(sys.executable).startswith("python"):
+        return sys.executable
+    found = shutil.which("python3")
+    if found is None:
+        raise RuntimeError(
+            f"no Python interpreter to start tensor-parallel workers ({sys.executable} is embedded)"
+        )
+    return found

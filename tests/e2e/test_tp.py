@@ -1,0 +1,277 @@
+"""Tensor parallelism on the CPU (DESIGN.md "Tensor parallelism"): ranks as processes over gloo.
+
+inkling-tiny has 2 query heads and 1 KV head, so these tests use a small model whose heads divide by 4
+(8 query heads, 4 KV heads; 2 layers, one sliding and one full; 2 MTP heads). Engines for tp_size 1, 2
+and 4 are built from the same synthetic tensors; tp_size 2 and 4 run as LLMs that start their workers
+themselves, and must give tp_size 1's greedy tokens and, within LOGIT_ATOL, its logits (float32: the
+ranks' partial sums are added in another order than one GEMM's). Each rank holds 1/N of the output and
+MoE sconv states and of the KV cache; where there are fewer KV heads than ranks they are replicated.
+
+On the GPU host (one GPU per rank; tp sizes above the GPU count are skipped), the same tests run the
+CUDA engines over NCCL, or the Lamport kernel with INKLING_TP_COLLECTIVES=triton:
+    INKLING_TP_DEVICE=cuda python3 -m pytest tests/e2e/test_tp.py
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from builder import BuildConfig, BuildError, Engine, EngineError, PluginConfig, build
+from builder.build import arrange_weights
+from builder.sharding import TensorParallel
+from inkling.demo import demo_png, demo_wav
+from inkling.synth import iter_synthetic_tensors, synth_config
+from inkling.tokenizer import build_tokenizer
+from runtime import LLM, LLMEngine, PromptInput, SamplingParams
+
+from .test_mtp import Oracle
+
+DEVICE = os.environ.get("INKLING_TP_DEVICE", "cpu")
+COLLECTIVES = os.environ.get("INKLING_TP_COLLECTIVES", "auto")
+LOGIT_ATOL = 1e-4  # float32 logits of O(1); measured max differences on the CPU are about 1e-6
+SIZES = dict(dtype="float32", max_batch_size=4, max_seq_len=256, max_input_len=256, max_num_tokens=512)
+MAX_TOKENS = 6
+
+
+def build_config(tp_size: int) -> BuildConfig:
+    plugins = PluginConfig(collectives=COLLECTIVES)
+    return BuildConfig(**SIZES, device=DEVICE, tp_size=tp_size, plugin_config=plugins)
+
+
+def tp_config(num_kv_heads: int = 4):
+    """On the GPU I = 128, so that I / 4 suits the Triton MoE kernel (a multiple of 32)."""
+    config, _ = synth_config("inkling-tiny", nvfp4=True, mtp_heads=2)
+    return config.replace(
+        num_attention_heads=8,
+        num_key_value_heads=num_kv_heads,
+        num_hidden_layers=2,
+        layer_types=("sliding_attention", "full_attention"),
+        moe_intermediate_size=128 if DEVICE == "cuda" else 64,
+    )
+
+
+@pytest.fixture(scope="module")
+def engine_dirs(tmp_path_factory):
+    """tp_size -> engine directory, all from the same tensors (seed 0), with the tiny tokenizer."""
+    config = tp_config()
+    tokenizer = build_tokenizer().to_str()
+    out = {}
+    for n in (1, 2, 4):
+        engine = build(iter_synthetic_tensors(config, 0), build_config(n), config=config, echo=False)
+        engine.tokenizer_json = tokenizer
+        out[n] = tmp_path_factory.mktemp("engines") / f"tp{n}"
+        engine.save(out[n])
+    return out
+
+
+PROMPTS = [
+    {"text": "A picture <|image|> and a sound <|audio|>, described:", "images": [demo_png(40, 24)], "audios": [demo_wav(0.5)]},
+    PromptInput(torch.randint(11, 1000, (40,), generator=torch.Generator().manual_seed(0))),  # > window (32)
+    "Hello there",
+]  # fmt: skip
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+def record_logits(llm: LLM) -> list[torch.Tensor]:
+    """Every step's logits (rank 0's runner), in order."""
+    seen, run = [], llm.engine.runner.run
+
+    def recorded(batch):
+        logits, rows, hidden = run(batch)
+        seen.append(logits.clone())
+        return logits, rows, hidden
+
+    llm.engine.runner.run = recorded
+    return seen
+
+
+def generate(llm: LLM) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """PROMPTS twice: the second time starts on the prefix cache (sconv snapshots restored on every rank)."""
+    logits = record_logits(llm)
+    outs = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    stats = llm.engine.stats
+    before = stats["prefill_tokens"]
+    again = llm.generate(PROMPTS[:2], GREEDY)
+    assert stats["prefill_tokens"] - before < sum(o.prompt_tokens for o in again)  # cached blocks were reused
+    return outs + [o.token_ids for o in again], logits
+
+
+@pytest.fixture(scope="module")
+def baseline(engine_dirs):
+    llm = LLM(engine_dirs[1])
+    tokens, logits = generate(llm)
+    report = llm.engine.runner.memory_report()
+    return tokens, logits, report
+
+
+def test_fewer_kv_heads_than_ranks_are_replicated(tmp_path):
+    """inkling-tiny's case (1 KV head) under tp 2: both ranks keep the KV head (its qkvr rows and K/V sconv
+    weights), so their KV caches and K/V sconv states are whole, not halves; queries and the o/m sconv
+    channels split. Tokens and logits still equal tp 1's."""
+    if DEVICE == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("tp_size 2 needs 2 GPUs")
+    config = tp_config(num_kv_heads=1)
+    weights, _ = arrange_weights(
+        config, iter_synthetic_tensors(config, 0), torch.float32, torch.device("cpu")
+    )
+    tp = TensorParallel(config, 2)
+    assert (tp.num_heads, tp.num_kv_heads, tp.kv_replicas) == (4, 1, 2)
+    shards = tp.split(weights)
+    p, q, kv = "model.layers.0.self_attn", config.q_size // 2, config.kv_size
+    for name in ("qkvr_proj.weight", "sconv_k.weight", "sconv_v.weight"):
+        a, b = shards[0][f"{p}.{name}"], shards[1][f"{p}.{name}"]
+        rows = slice(q, q + 2 * kv) if name == "qkvr_proj.weight" else slice(None)
+        assert torch.equal(a[rows], b[rows])  # the K/V head, replicated
+    assert not torch.equal(shards[0][f"{p}.qkvr_proj.weight"][:q], shards[1][f"{p}.qkvr_proj.weight"][:q])
+
+    runs = {}
+    for n in (1, 2):
+        engine = build(iter_synthetic_tensors(config, 0), build_config(n), config=config, echo=False)
+        engine.tokenizer_json = build_tokenizer().to_str()
+        engine.save(tmp_path / f"tp{n}")
+        llm = LLM(tmp_path / f"tp{n}")
+        logits = record_logits(llm)
+        tokens = [o.token_ids for o in llm.generate(PROMPTS[1:], GREEDY)]
+        runs[n] = tokens, logits, llm.engine.runner.memory_reports()
+        llm.shutdown()
+    assert runs[2][0] == runs[1][0]
+    assert max(float((a - b).abs().max()) for a, b in zip(runs[2][1], runs[1][1])) < LOGIT_ATOL
+    whole = runs[1][2][0]
+    for r in runs[2][2]:
+        assert r["kv_cache_shape"] == whole["kv_cache_shape"]  # replicated, not split
+        assert r["conv_state_channels"][:4] == [128, 128, 128, 128]  # k, v whole (1 head); o, m half of 256
+
+
+@pytest.fixture(scope="class", params=[2, 4], ids=lambda n: f"tp{n}")
+def tp_llm(request, engine_dirs):
+    if DEVICE == "cuda" and request.param > torch.cuda.device_count():
+        pytest.skip(f"tp_size {request.param} needs {request.param} GPUs")
+    llm = LLM(engine_dirs[request.param])
+    yield request.param, llm
+    llm.shutdown()
+    assert all(p.poll() == 0 for p in llm.workers.procs)
+
+
+class TestTensorParallelLLM:
+    """tp 2 and 4 through the LLM (its workers live as long as the class's tests: one tensor-parallel
+    LLM per process at a time)."""
+
+    def test_same_tokens_and_logits_as_tp1(self, tp_llm, baseline):
+        """Text+image+audio, a prompt longer than the sliding window, a short one; again from the prefix cache."""
+        n, llm = tp_llm
+        want_tokens, want_logits, _ = baseline
+        tokens, logits = generate(llm)
+        assert tokens == want_tokens
+        assert len(logits) == len(want_logits)
+        diff = max(float((a - b).abs().max()) for a, b in zip(logits, want_logits))
+        print(f"tp{n}: {len(logits)} steps, logits max |diff| vs tp1 = {diff:.2e}")
+        assert diff < LOGIT_ATOL
+
+    def test_each_rank_holds_its_slice(self, tp_llm, baseline):
+        """Measured on the running ranks: output/MoE sconv states, K/V sconv states and the KV cache are 1/N of
+        tp1's on every rank (the KV heads divide here); the MTP heads and their states are on rank 0 only."""
+        n, llm = tp_llm
+        whole = baseline[2]
+        ranks = llm.engine.runner.memory_reports()
+        assert [r["rank"] for r in ranks] == list(range(n))
+        for r in ranks:
+            assert [C * n for C in r["conv_state_channels"]] == whole["conv_state_channels"]
+            assert r["conv_state_bytes"] * n == whole["conv_state_bytes"]
+            assert r["kv_cache_shape"][2] * n == whole["kv_cache_shape"][2]
+            assert r["kv_cache_bytes"] * n == whole["kv_cache_bytes"]
+            assert r["num_mtp_heads"] == (whole["num_mtp_heads"] if r["rank"] == 0 else 0)
+            print(
+                f"tp{n} rank {r['rank']}: sconv state channels {r['conv_state_channels']} "
+                f"(tp1 {whole['conv_state_channels']}), KV {r['kv_cache_shape']} (tp1 {whole['kv_cache_shape']}), "
+                f"weights {r['weight_bytes'] / 1e6:.1f} MB (tp1 {whole['weight_bytes'] / 1e6:.1f} MB)"
+            )
+        assert ranks[0]["head_state_bytes"] == whole["head_state_bytes"]
+        assert all(r["head_state_bytes"] == 0 for r in ranks[1:])
+
+    def test_mtp_gives_the_same_greedy_tokens(self, tp_llm, baseline):
+        """num_draft_tokens 2: the heads' own drafts, then drafts right up to a random cut (accepts and
+        rejects, so rollbacks reach every rank). Under tp 2 (the heads run on rank 0 whatever tp_size is)."""
+        n, llm = tp_llm
+        if n != 2:
+            pytest.skip("MTP is checked under tp 2")
+        want = baseline[0]
+        params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_draft_tokens=2)
+        assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want[:3]
+        prompts = [llm.prepare(p) for p in PROMPTS]
+        plain = {f"r{i}": want[i] for i in range(3)}
+        oracle = Oracle(plain, {f"r{i}": len(p.input_ids) for i, p in enumerate(prompts)})
+        llm.engine.draft_override = oracle
+        try:
+            for i, p in enumerate(prompts):
+                llm.engine.add_request(f"r{i}", p, params)
+            got: dict[str, list[int]] = {rid: [] for rid in plain}
+            while llm.engine.has_unfinished():
+                for d in llm.engine.step():
+                    got[d.request_id] += d.token_ids
+        finally:
+            llm.engine.draft_override = None
+        assert got == plain
+        assert 0 < llm.engine.acceptance.acceptance_rate < 1, llm.engine.acceptance.acceptance_rates
+
+
+def test_wrong_world_size_is_refused(engine_dirs):
+    with pytest.raises(EngineError, match="built for tp_size 2 and runs on exactly 2 ranks, not 4"):
+        Engine.from_dir(engine_dirs[2], world_size=4)
+    with pytest.raises(EngineError, match="not rank 2"):
+        Engine.from_dir(engine_dirs[2], rank=2)
+    with pytest.raises(EngineError, match="built for tp_size 1"):
+        Engine.from_dir(engine_dirs[1], world_size=2)
+    rank1 = Engine.from_dir(engine_dirs[2], rank=1, world_size=2)
+    assert sorted(rank1.programs) == ["step"] and not any(k.startswith("mtp.") for k in rank1.weights)
+    with pytest.raises(ValueError, match="runs from its directory"):
+        LLM(Engine.from_dir(engine_dirs[2]))
+    with pytest.raises(ValueError, match="starts its ranks"):
+        LLMEngine(Engine.from_dir(engine_dirs[2]))
+
+
+def test_unshardable_sizes_are_refused():
+    config = tp_config()
+    with pytest.raises(BuildError, match="tp_size 3 does not divide num_attention_heads"):
+        build(iter_synthetic_tensors(config, 0), BuildConfig(**SIZES, tp_size=3), config=config, echo=False)
+    with pytest.raises(BuildError, match="not a multiple of 16"):
+        TensorParallel(config.replace(moe_intermediate_size=64), 8)  # 64 / 8: NVFP4 scale groups cannot split
+
+
+def test_triton_serves_a_tp2_engine(engine_dirs, baseline, tmp_path):
+    """The `inkling` model's LLM starts the workers of a tp_size 2 engine; a text+image+audio request
+    through the ensemble gives tp1's greedy tokens."""
+    import base64
+    import importlib.util
+    import json
+    import urllib.request
+
+    if importlib.util.find_spec("pytriton") is None:
+        pytest.skip("nvidia-pytriton is not installed (make venv)")
+    from model_repo.serve import ServeConfig, TritonServer, free_port
+
+    prompt = PROMPTS[0]
+    cfg = ServeConfig(
+        engine_dir=str(engine_dirs[2]),
+        work_dir=str(tmp_path / "serve"),
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+    )
+    body = {
+        "text_input": prompt["text"],
+        "max_tokens": MAX_TOKENS,
+        "image_data_input": [base64.b64encode(x).decode() for x in prompt["images"]],
+        "audio_data_input": [base64.b64encode(x).decode() for x in prompt["audios"]],
+    }
+    with TritonServer(cfg) as server:
+        req = urllib.request.Request(
+            f"http://{cfg.http_url}/v2/models/ensemble_unary/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.loads(r.read())
+        assert out["output_ids"] == baseline[0][0], server.log_tail()
