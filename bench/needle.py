@@ -228,7 +228,7 @@ def plot(result: dict, path: str) -> None:
         ax.axvline(trained, color="white", linestyle="--", linewidth=1)
     axes[0].set_ylabel("needle depth")
     fig.colorbar(im, ax=axes, shrink=0.8, label="accuracy")
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
