@@ -6,7 +6,8 @@
 The weights are synthesized where they run (inkling-bench is 67 GB with NVFP4 experts, more than the
 GPU host's free disk) and the engine is built in memory. Prompts come in three entropy tiers, from
 text that ships with Python: low (source code and sorted numbers), mixed (the pydoc topics), high
-(prose: the license text). Measured, in one run: time to first token for one prompt, decode tokens/s
+(prose: the license text). `--cuda_graphs` replays the decode steps from CUDA graphs (off by default).
+Measured, in one run: time to first token for one prompt, decode tokens/s
 per user at batch 1, throughput at larger batches; the reference model as a user would otherwise run
 it (eager, no cache: it recomputes the sequence for each token) on a few tokens; and the bound of
 bench/bound.py. Writes results.json, results.md and a plot into --out.
@@ -75,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference_tokens", type=int, default=2, help="tokens the eager reference generates")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--cuda_graphs",
+        action="store_true",
+        help="decode steps replayed from CUDA graphs (LLM(cuda_graphs=True))",
+    )
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     config, _ = synth_config(args.preset, mtp_heads=0, nvfp4=True)
@@ -83,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "date": time.strftime("%Y-%m-%d"),
         "preset": args.preset,
+        "cuda_graphs": args.cuda_graphs,
     }
     prompts = measure_engine(args, config, results)  # the engine is freed on return
     bound = decode_step_bytes(config, args.prompt_len + args.output_len // 2)
@@ -122,7 +129,7 @@ def measure_engine(args: argparse.Namespace, config, results: dict) -> dict[str,
     engine, results["build_s"] = timed(lambda: build(tensors, bc, config=config))
     tokenizer = build_tokenizer()
     engine.tokenizer_json = tokenizer.to_str()
-    llm = LLM(engine)
+    llm = LLM(engine, cuda_graphs=args.cuda_graphs)
     prompts = tier_prompts(tokenizer, config.token_id("bos"), args.prompt_len)
     greedy = SamplingParams(max_tokens=1, ignore_eos=True)
     llm.generate(PromptInput(prompts["low"][:64]), greedy)  # warm-up: kernels compile
@@ -150,7 +157,7 @@ def write_table(r: dict, path: str) -> None:
     b = r["bound"]
     lines = [
         f"Command: `{r['command']}`; device {r['device']}; date {r['date']}; preset {r['preset']}; "
-        f"build in memory {r['build_s']:.1f} s.",
+        f"build in memory {r['build_s']:.1f} s; CUDA graphs {'on' if r.get('cuda_graphs') else 'off'}.",
         "",
         "| measure | ours | bound | fraction of bound |",
         "|---|---|---|---|",

@@ -5,7 +5,8 @@
 
 Synthesizes the preset with its 8 heads and NVFP4 experts where it runs, builds the engine in memory,
 prefills one sequence of `--context` tokens through the runtime and then times, with the engine's
-own programs and inputs the runtime built (CUDA events, median of repeats):
+own programs and inputs the runtime built (CUDA events, median of repeats; with `--cuda_graphs` also
+replayed from the runtime's CUDA graphs, runtime/step_graphs.py):
 - the main step with 1 + k tokens (decode k = 0, verify k = 1, 3, 8), counting the distinct routed
   experts per layer it touches;
 - one head pass at one position (the head program) and the draft pick (`inkling::mtp_draft`).
@@ -31,6 +32,7 @@ from inkling.config import preset
 from inkling.synth import iter_synthetic_tensors, synth_config
 from runtime import LLMEngine, PromptInput, SamplingParams
 from runtime.scheduler import ScheduledSeq
+from runtime.step_graphs import HEAD_ARGS, STEP_ARGS, StepGraphs, batch_buckets, token_buckets
 
 from .bound import BANDWIDTH, BF16, decode_step_bytes
 
@@ -120,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--cuda_graphs",
+        action="store_true",
+        help="also time the step and head pass replayed from CUDA graphs",
+    )
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     config, _ = synth_config(args.preset, nvfp4=True)
@@ -151,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         eng.step()
     seen, originals = count_experts(config)
     out: dict = {"verify": {}, "head": {}}
+    step_graphs = head_graphs = None
+    recorded: dict[int, list] = {}  # k -> the step's inputs
+    if args.cuda_graphs:  # the runtime's graphs over the same programs, fed the recorded inputs
+        buckets = (batch_buckets(bc.max_batch_size), token_buckets(bc.max_batch_size, 9, bc.max_num_tokens))
+        dev = torch.device(args.device)
+        step_graphs = StepGraphs(step.fn, STEP_ARGS, dev, *buckets, use_graphs=True)
+        head_graphs = StepGraphs(head.fn, HEAD_ARGS, dev, *buckets, use_graphs=True, pool=step_graphs.pool)
     for k in DRAFTS:
         seq.drafts = seq.drafts[:k] if k <= len(seq.drafts) else seq.drafts + [11] * (k - len(seq.drafts))
         batch = [ScheduledSeq(seq, seq.num_computed, 1 + k, k)]
@@ -160,12 +174,23 @@ def main(argv: list[str] | None = None) -> int:
         distinct = sum(seen) / max(len(seen), 1)
         seconds = median_time(lambda: step.fn(*step.args), args.repeats, args.device)
         out["verify"][k] = {"seconds": seconds, "distinct_experts_per_layer": distinct}
+        recorded[k] = list(step.args)
         print(
             f"[bench.mtp] main step with {1 + k} tokens: {seconds * 1e3:.3f} ms, {distinct:.1f} experts/layer",
             flush=True,
         )
     for module, fn in originals.items():
         module.expert_sink_moe = fn
+    if step_graphs is not None:  # without the expert counting (its host sync cannot be captured)
+        for k, a in recorded.items():
+            v = out["verify"][k]
+            v["eager_seconds"] = median_time(lambda a=a: step.fn(*a), args.repeats, args.device)
+            v["graphed_seconds"] = median_time(lambda a=a: step_graphs(a), args.repeats, args.device)
+            print(
+                f"[bench.mtp] main step with {1 + k} tokens, no expert counting: eager "
+                f"{v['eager_seconds'] * 1e3:.3f} ms, CUDA graph {v['graphed_seconds'] * 1e3:.3f} ms",
+                flush=True,
+            )
     # One head pass at one position, and the draft pick; replayed with the last head call's inputs.
     seq.drafts = []
     eng.draft_override = None
@@ -179,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     out["head"]["tokens"] = 1
     out["head"]["seconds"] = median_time(lambda: head.fn(*one), args.repeats, args.device)
+    if head_graphs is not None:
+        out["head"]["graphed_seconds"] = median_time(
+            lambda: head_graphs(list(one)), args.repeats, args.device
+        )
     rows = torch.zeros(1, config.hidden_size, dtype=runner.dtype, device=args.device)
     out["head"]["draft_seconds"] = median_time(
         lambda: torch.ops.inkling.mtp_draft(
@@ -231,6 +260,20 @@ def write_md(r: dict, path: str) -> None:
         f"One head pass at {r['head']['tokens']} position(s): {r['head']['seconds'] * 1e3:.3f} ms; draft pick "
         f"(`mtp_draft`): {r['head']['draft_seconds'] * 1e3:.3f} ms.",
         "",
+        *(
+            [
+                "CUDA graphs (`--cuda_graphs`): head pass "
+                f"{r['head']['graphed_seconds'] * 1e3:.3f} ms; main step with 1+k tokens "
+                + ", ".join(
+                    f"k={k}: {v['graphed_seconds'] * 1e3:.3f} ms (eager {v['eager_seconds'] * 1e3:.3f} ms)"
+                    for k, v in r["verify"].items()
+                )
+                + " (padded to the bucket, input copies included; eager without the expert counting).",
+                "",
+            ]
+            if "graphed_seconds" in r["head"]
+            else []
+        ),
         "| drafts k | main step (1+k tokens) ms | distinct experts/layer | of bound | ASSUMED tokens/step | tokens/s/user | PROJECTED inkling-1t tokens/s/user (4 GPUs) |",
         "|---|---|---|---|---|---|---|",
     ]

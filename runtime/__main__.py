@@ -23,9 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top_p", type=float, default=1.0)
     ap.add_argument("--seed", type=int)
     ap.add_argument("--num_draft_tokens", type=int, default=0, help="MTP drafts per step (0..8)")
+    ap.add_argument(
+        "--cuda_graphs", action="store_true", help="decode/verify steps as CUDA graphs (CUDA engines)"
+    )
     args = ap.parse_args(argv)
     try:
-        llm = LLM(args.engine_dir)
+        llm = LLM(args.engine_dir, cuda_graphs=args.cuda_graphs)
         params = SamplingParams(
             args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed,
             num_draft_tokens=args.num_draft_tokens,

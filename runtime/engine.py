@@ -73,9 +73,14 @@ class LLMEngine:
         seed: int = 0,
         device: str | None = None,
         workers: Workers | None = None,
+        cuda_graphs: bool = False,
+        pad_eager: bool = False,
     ):
-        """workers: the other ranks of a tensor-parallel engine (runtime/distributed.py; LLM starts them)."""
-        self.runner = ModelRunner(engine, num_blocks, device, workers)
+        """workers: the other ranks of a tensor-parallel engine (runtime/distributed.py; LLM starts them).
+        cuda_graphs: decode/verify steps and MTP head passes replay CUDA graphs per batch bucket (CUDA
+        engines with the Triton plugins, one rank; off by default). pad_eager (tests): the same padding
+        to the buckets, run eager (runtime/step_graphs.py)."""
+        self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager)
         bc = engine.build_config
         self.build = bc
         self.config = engine.model_config

@@ -44,10 +44,20 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(self, engine: str | os.PathLike | Engine, num_blocks: int | None = None, seed: int = 0):
+    def __init__(
+        self,
+        engine: str | os.PathLike | Engine,
+        num_blocks: int | None = None,
+        seed: int = 0,
+        cuda_graphs: bool = False,
+    ):
         """engine: a directory, or an Engine in memory (one rank only). A tensor-parallel engine (tp_size N)
         is loaded here as rank 0, and its other N-1 ranks are started as worker processes (stop them with
-        `shutdown()`; they also stop when this process exits)."""
+        `shutdown()`; they also stop when this process exits). cuda_graphs: replay decode/verify steps and
+        MTP drafting from CUDA graphs per batch-size bucket (a CUDA engine on one rank; off by default)."""
+        if cuda_graphs and not isinstance(engine, Engine):
+            if read_engine_config(os.fspath(engine)).get("mapping", {}).get("tp_size", 1) > 1:
+                raise ValueError("cuda_graphs is not supported with tensor parallelism yet")
         self.workers = None
         if isinstance(engine, Engine):
             if engine.tp_size > 1:
@@ -66,7 +76,7 @@ class LLM:
             except BaseException:
                 self.shutdown()
                 raise
-        self.engine = LLMEngine(engine, num_blocks, seed, workers=self.workers)
+        self.engine = LLMEngine(engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs)
         self.processor = (
             Processor(self.engine.config, self.engine.tokenizer) if self.engine.tokenizer else None
         )
@@ -160,8 +170,14 @@ class EngineLoop:
 
     on_delta callbacks run on the engine thread: keep them short (e.g. hand off to a queue)."""
 
-    def __init__(self, engine: str | os.PathLike | Engine, num_blocks: int | None = None, seed: int = 0):
-        self.llm = LLM(engine, num_blocks, seed)
+    def __init__(
+        self,
+        engine: str | os.PathLike | Engine,
+        num_blocks: int | None = None,
+        seed: int = 0,
+        cuda_graphs: bool = False,
+    ):
+        self.llm = LLM(engine, num_blocks, seed, cuda_graphs)
         self.engine = self.llm.engine
         self._inbox: queue.Queue = queue.Queue()
         self._callbacks: dict[str, Callable[[StreamDelta], Any]] = {}

@@ -23,6 +23,14 @@ from .block_manager import FREED
 from .distributed import Workers
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
+from .step_graphs import (
+    HEAD_ARGS,
+    STEP_ARGS,
+    StepGraphs,
+    batch_buckets,
+    program_max_batch,
+    token_buckets,
+)
 
 MAX_SNAPSHOTS = 1024  # sconv snapshot slots of prefix-cache restore points
 HIDDEN_RING = 16  # positions of h^0..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
@@ -69,8 +77,12 @@ class ModelRunner(EngineRunner):
         num_blocks: int | None = None,
         device: str | None = None,
         workers: Workers | None = None,
+        cuda_graphs: bool = False,
+        pad_eager: bool = False,
     ):
-        """workers: on rank 0 of a tensor-parallel engine, the other ranks (they mirror its calls)."""
+        """workers: on rank 0 of a tensor-parallel engine, the other ranks (they mirror its calls).
+        cuda_graphs: replay decode/verify steps and MTP head passes from CUDA graphs per (batch, tokens)
+        bucket (runtime/step_graphs.py). pad_eager (tests): pad them to the buckets but run eager."""
         if engine.tp_size > 1 and engine.rank == 0 and workers is None:
             raise ValueError(
                 f"this engine is tensor-parallel (tp_size {engine.tp_size}): run it with LLM(engine_dir), "
@@ -95,6 +107,45 @@ class ModelRunner(EngineRunner):
         self.ring_end = [[0] * slots for _ in range(max(self.num_heads, 1))]
         self.num_real_tokens = self.engine_vocab()
         self.draft_impl = engine.config["plugin_config"]["impls"].get("mtp_draft", "reference")
+        self._init_graphs(cuda_graphs, pad_eager)
+
+    def _init_graphs(self, cuda_graphs: bool, pad_eager: bool) -> None:
+        self.step_graphs = self.head_graphs = None
+        if not (cuda_graphs or pad_eager):
+            return
+        if self.engine.tp_size > 1:  # every rank would have to pad alike (the collectives' shapes)
+            raise ValueError("cuda_graphs is not supported with tensor parallelism yet")
+        if cuda_graphs:
+            if self.device.type != "cuda":
+                raise ValueError(f"cuda_graphs needs a CUDA engine, this one runs on {self.device}")
+            impls = self.engine.config["plugin_config"]["impls"]
+            ops = ("sheared_bias_attention", "sconv", "expert_sink_moe")
+            if any(impls.get(op) != "triton" for op in ops):  # the references sync (.tolist())
+                raise ValueError(f"cuda_graphs needs the Triton plugins, the engine has {impls}")
+        bc = self.build
+        # T_g <= max_seq_len: the padding sequence's reads (positions < T_g - T) stay in its block-table row.
+        tokens = token_buckets(
+            bc.max_batch_size, 1 + bc.max_draft_len, min(bc.max_num_tokens, bc.max_seq_len)
+        )
+        kw = dict(use_graphs=cuda_graphs, pad_eager=pad_eager)
+        pool = torch.cuda.graph_pool_handle() if cuda_graphs else None  # one pool: one graph runs at a time
+
+        def graphs(name: str, program, spec) -> StepGraphs:
+            batch = batch_buckets(bc.max_batch_size, program_max_batch(self.engine.programs[name]))
+            return StepGraphs(program, spec, self.device, batch, tokens, pool=pool, **kw)
+
+        self.step_graphs = graphs("step", self.step, STEP_ARGS)
+        if self.head is not None:
+            self.head_graphs = graphs("mtp_head", self.head, HEAD_ARGS)
+
+    def graph_stats(self) -> dict[str, int]:
+        """Calls of the step and head programs that ran from a bucket (graphed) or eager, and captures."""
+        out = {}
+        for name, g in (("step", self.step_graphs), ("head", self.head_graphs)):
+            if g is not None:
+                out.update({f"{name}_graphed": g.stats.graphed, f"{name}_eager": g.stats.eager})
+                out[f"{name}_captures"] = g.stats.captures
+        return out
 
     # Media.
     @torch.no_grad()
@@ -121,15 +172,25 @@ class ModelRunner(EngineRunner):
         offsets, and the last hidden states h^0 of every token fed [T, H]."""
         inputs = self.step_inputs(batch)
         self._mirror("execute", inputs)
-        logits, hidden = self.execute(inputs)
+        # Decode/verify steps (each sequence feeds one token and its drafts) replay a graph.
+        graphed = all(s.num_tokens == 1 + s.num_drafts for s in batch)
+        logits, hidden = self.execute(inputs, graphed)
         rows = [0]
         for s in batch:
             rows.append(rows[-1] + 1 + s.num_drafts)
         return logits, rows, hidden
 
     @torch.no_grad()
-    def execute(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step program over this rank's weights, caches and states."""
+    def execute(self, inputs: StepInputs, graphed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step program over this rank's weights, caches and states; with graphed, from the step
+        graphs where they are on (ragged inputs stay on the host until copied into a bucket)."""
+        if graphed and self.step_graphs is not None:
+            fields = [getattr(inputs, f.name) for f in dataclasses.fields(inputs)]
+            args = [self.weights, *fields, self.key_caches, self.value_caches, self.conv_states]
+            if self.step_graphs.bucket(args) is not None:
+                return self.step_graphs(args)
+        if self.step_graphs is not None:
+            self.step_graphs.stats.eager += 1
         return self.step(
             self.weights, *inputs.to(self.device), self.key_caches, self.value_caches, self.conv_states
         )
@@ -297,21 +358,25 @@ class ModelRunner(EngineRunner):
             table = torch.full((len(items), self.build.max_blocks_per_seq), FREED, dtype=torch.int32)
             for j, t in enumerate(tables):
                 table[j, : len(t)] = t
-            out = self.head(
+            args = [
                 self.head_weights[m - 1],
                 torch.cat(h_prev),
-                torch.cat(ids).to(dev),
+                torch.cat(ids),
                 torch.cat([r.to(dev, self.dtype) for r in mm_rows]),
-                torch.tensor(mm_pos, device=dev),
-                cu.to(dev),
-                torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-                table.to(dev),
-                torch.cat(slots).to(dev),
-                torch.tensor([work[i].seq.slot for i, _, _ in items], dtype=torch.int32, device=dev),
+                torch.tensor(mm_pos),
+                cu,
+                torch.tensor(seq_lens, dtype=torch.int32),
+                table,
+                torch.cat(slots),
+                torch.tensor([work[i].seq.slot for i, _, _ in items], dtype=torch.int32),
                 self.head_key_caches[m - 1],
                 self.head_value_caches[m - 1],
                 self.head_conv_states[m - 1],
-            )
+            ]  # ragged inputs on the host: the head graphs copy them into a bucket's buffers
+            if self.head_graphs is not None:
+                (out,) = self.head_graphs(args, variant=m)
+            else:
+                out = self.head(*[a.to(dev) if isinstance(a, torch.Tensor) else a for a in args])
             drafting = [j for j, (i, _, _) in enumerate(items) if m <= work[i].num_drafts]
             if drafting:
                 rows = (cu[1:] - 1)[drafting].long().to(dev)

@@ -1,0 +1,283 @@
+"""The decode/verify step and the MTP head passes as CUDA graphs, one per (batch, tokens) bucket
+(DESIGN.md "Runtime", docs/interfaces.md "CUDA graphs").
+
+A decode step of a large model is hundreds of small kernels; launched one by one from Python the host
+is the bottleneck. So a ragged batch of B sequences and T tokens (no media) is padded to a bucket
+(B_g >= B, T_g >= T), its inputs are copied into the bucket's static buffers, and the graph captured
+for that bucket replays. Padding never touches real state (docs/interfaces.md):
+- padding tokens all belong to the last padding sequence (its q_len = T_g - T, seq_len = q_len); the
+  other padding sequences have q_len 0, so every row belongs to some sequence and every output row is
+  defined (the split-KV reduction reads every row's partials);
+- padding rows have slot_mapping -1: `kv_cache_write` and `sconv_kv_write` skip them;
+- padding sequences have state index -1 ("no state": x[t<0] = 0, nothing saved), which every sconv op
+  honours; the exported programs fix the state tensors at max_batch_size slots, so there is no room for
+  a scratch slot and none is needed;
+- their block-table rows are all block 0 (a valid block, read only) and seq_len = q_len <= T_g, which
+  the runner keeps <= max_seq_len, so attention reads stay inside the row.
+The real sequences come first, so the real output rows are a prefix of the bucket's.
+
+What the graph holds: the whole exported program (embedding, every layer's ops, final norm, lm_head
+rows). Every op is sync-free with shapes taken from the bucket: attention picks tiles and split-KV
+splits from (B_g, T_g, block-table width) on the host and each split walks its share of the device-side
+seq_len; the MoE sizes its routing buffers from a static bound. What stays outside: building the
+inputs on the host, the copy into the static buffers, sampling, rollback, and between MTP heads the
+`inkling::mtp_draft` pick whose tokens the next head's inputs need on the host (one sync per head).
+
+`pad_eager` (tests): no graphs, but the same buckets, padding and static buffers, run eagerly, so the
+padding is testable on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+WARMUP_RUNS = 3  # eager runs on a side stream before a capture (Triton compiles, cuBLAS handles)
+
+
+def batch_buckets(max_batch_size: int, max_program_batch: int | None = None) -> tuple[int, ...]:
+    """1, 2, 4, ... below max_batch_size, max_batch_size itself, and max_program_batch where the programs
+    take a larger batch (max_batch_size + 1: room for a padding sequence beside a full batch)."""
+    out, b = [], 1
+    while b < max_batch_size:
+        out.append(b)
+        b *= 2
+    extra = () if max_program_batch is None or max_program_batch <= max_batch_size else (max_program_batch,)
+    return (*out, max_batch_size, *extra)
+
+
+def program_max_batch(program: torch.export.ExportedProgram) -> int | None:
+    """The largest batch an exported step or head program takes (its `seq_lens` Dim's upper bound)."""
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name == "seq_lens":
+            size = node.meta["val"].shape[0]
+            if isinstance(size, torch.SymInt) and size.node.expr in program.range_constraints:
+                return int(program.range_constraints[size.node.expr].upper)
+            return int(size)
+    return None
+
+
+def token_buckets(max_batch_size: int, max_tokens_per_seq: int, max_num_tokens: int) -> tuple[int, ...]:
+    """Powers of two up to the largest decode/verify step, plus max_batch_size * q for q = 1..
+    max_tokens_per_seq: where the programs take no batch beyond max_batch_size, a full batch has no
+    padding sequence to hold padding tokens, so its steps fit only where every sequence feeds q tokens
+    (the same draft count everywhere)."""
+    limit = min(max_num_tokens, max_batch_size * max_tokens_per_seq)
+    pows, t = set(), 1
+    while t <= limit:
+        pows.add(t)
+        t *= 2
+    full = {max_batch_size * q for q in range(1, max_tokens_per_seq + 1)}
+    return tuple(sorted({t for t in pows | full if t <= limit} | {limit}))
+
+
+def choose_bucket(
+    num_seqs: int, num_tokens: int, batch: tuple[int, ...], tokens: tuple[int, ...]
+) -> tuple[int, int] | None:
+    """(B_g, T_g): the smallest token bucket, then the smallest batch bucket with room for a padding
+    sequence when there are padding tokens; None (run eager) when none fits."""
+    T = next((t for t in tokens if t >= num_tokens), None)
+    if T is None:
+        return None
+    need = num_seqs + (T > num_tokens)
+    B = next((b for b in batch if b >= need), None)
+    return None if B is None else (B, T)
+
+
+@dataclass(frozen=True)
+class RaggedArgs:
+    """Where a program's ragged batch sits among its positional arguments: index -> (dim, padding value)
+    of the inputs sized by tokens and by sequences; the logits rows (N <= T), cu_seqlens_q, seq_lens and
+    the media splice; what each output is sized by ("T" or "N")."""
+
+    tokens: dict[int, tuple[int, float]]
+    seqs: dict[int, tuple[int, float]]
+    cu: int
+    seq_lens: int
+    mm_embeds: int
+    mm_positions: int
+    outputs: tuple[str, ...]
+    logits: int | None = None
+
+
+# builder/network.py StepProgram.forward(weights, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens,
+# block_tables, slot_mappings, state_indices, logits_indices, key_caches, value_caches, conv_states)
+STEP_ARGS = RaggedArgs(
+    tokens={1: (0, 0), 7: (1, -1)},
+    seqs={6: (1, 0), 8: (0, -1)},
+    cu=4, seq_lens=5, mm_embeds=2, mm_positions=3, outputs=("N", "T"), logits=9,
+)  # fmt: skip
+# HeadProgram.forward(weights, h_prev, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens,
+# block_table, slot_mapping, state_indices, key_cache, value_cache, conv_states)
+HEAD_ARGS = RaggedArgs(
+    tokens={1: (0, 0), 2: (0, 0), 8: (0, -1)},
+    seqs={7: (0, 0), 9: (0, -1)},
+    cu=5, seq_lens=6, mm_embeds=3, mm_positions=4, outputs=("T",),
+)  # fmt: skip
+
+
+def _pad(x: torch.Tensor, dim: int, size: int, value: float) -> torch.Tensor:
+    shape = list(x.shape)
+    shape[dim] = size - x.shape[dim]
+    return torch.cat([x, torch.full(shape, value, dtype=x.dtype, device=x.device)], dim)
+
+
+def pad_ragged(args: list, spec: RaggedArgs, B: int, T: int) -> dict[int, torch.Tensor]:
+    """The ragged inputs of `args` padded to B sequences and T tokens (on each input's own device, no
+    sync: the real sizes come from shapes): arg index -> padded tensor."""
+    cu, seq_lens = args[spec.cu], args[spec.seq_lens]
+    num_seqs = seq_lens.shape[0]
+    first = next(iter(spec.tokens))
+    num_tokens = args[first].shape[spec.tokens[first][0]]
+    pad_seqs, pad_tokens = B - num_seqs, T - num_tokens
+    if pad_seqs < 0 or pad_tokens < 0 or (pad_tokens and not pad_seqs):
+        raise ValueError(f"cannot pad {num_seqs} sequences / {num_tokens} tokens to a ({B}, {T}) bucket")
+    out = {i: _pad(args[i], d, T, v) for i, (d, v) in spec.tokens.items()}
+    out.update({i: _pad(args[i], d, B, v) for i, (d, v) in spec.seqs.items()})
+    q_lens = torch.zeros(pad_seqs, dtype=torch.int32, device=cu.device)
+    if pad_seqs:
+        q_lens[-1] = pad_tokens  # the last padding sequence holds every padding token
+    out[spec.cu] = torch.cat([cu, cu[-1:] + q_lens.cumsum(0, dtype=torch.int32)])
+    out[spec.seq_lens] = torch.cat([seq_lens, q_lens.to(seq_lens.device)])
+    # The media splice's dummy row aims at position T (no media in a graphed step).
+    out[spec.mm_positions] = torch.full((1,), T, dtype=args[spec.mm_positions].dtype)
+    out[spec.mm_embeds] = args[spec.mm_embeds]
+    if spec.logits is not None:
+        out[spec.logits] = _pad(args[spec.logits], 0, T, 0)
+    return out
+
+
+def empty_batch(args: list, spec: RaggedArgs) -> list:
+    """`args` with zero sequences and tokens (their padding is a batch that writes nothing)."""
+    out = list(args)
+    for i, (d, _) in spec.tokens.items():
+        out[i] = args[i].narrow(d, 0, 0)
+    for i, (d, _) in spec.seqs.items():
+        out[i] = args[i].narrow(d, 0, 0)
+    out[spec.cu] = args[spec.cu][:1] * 0
+    out[spec.seq_lens] = args[spec.seq_lens][:0]
+    if spec.logits is not None:
+        out[spec.logits] = args[spec.logits][:0]
+    return out
+
+
+@dataclass
+class _Bucket:
+    """One bucket's static inputs (the program's arguments, ragged ones replaced by buffers), its graph
+    (None in pad_eager mode) and outputs."""
+
+    args: list
+    graph: Any = None
+    outputs: tuple[torch.Tensor, ...] = ()
+
+
+@dataclass
+class GraphStats:
+    graphed: int = 0  # calls replayed (or run padded in pad_eager mode)
+    eager: int = 0  # calls that fit no bucket or carried media
+    captures: int = 0
+    buckets: set = field(default_factory=set)
+
+
+class StepGraphs:
+    """`program(*args)` of a ragged-batch program (the step or the MTP head program) replayed from CUDA
+    graphs per (variant, B_g, T_g) bucket; other calls run eager.
+
+    variant: what tells apart calls whose fixed arguments (weights, caches) differ, e.g. the MTP head.
+    pool: a graph memory pool to share (torch.cuda.graph_pool_handle()); its own otherwise. One caller at
+    a time: the static buffers are shared; outputs are copies of the real rows.
+    """
+
+    def __init__(
+        self,
+        program: Callable,
+        spec: RaggedArgs,
+        device: torch.device,
+        batch: tuple[int, ...],
+        tokens: tuple[int, ...],
+        *,
+        use_graphs: bool,
+        pad_eager: bool = False,
+        pool: Any = None,
+    ):
+        if use_graphs and device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, the engine runs on {device}")
+        self.program, self.spec, self.device = program, spec, device
+        self.batch, self.tokens = batch, tokens
+        self.use_graphs, self.pad_eager = use_graphs, pad_eager
+        self.pool = pool
+        self.buckets: dict[Hashable, _Bucket] = {}
+        self.stats = GraphStats()
+
+    def bucket(self, args: list) -> tuple[int, int] | None:
+        if not (self.use_graphs or self.pad_eager) or args[self.spec.mm_embeds].shape[0] != 1:
+            return None
+        num_seqs = args[self.spec.seq_lens].shape[0]
+        return choose_bucket(num_seqs, self._num_tokens(args), self.batch, self.tokens)
+
+    def __call__(self, args: list, variant: Hashable = None) -> tuple[torch.Tensor, ...]:
+        """The program's outputs (a tuple) for `args`; ragged inputs may be host tensors."""
+        bucket = self.bucket(args)
+        if bucket is None:
+            self.stats.eager += 1
+            return _as_tuple(self.program(*[_to(a, self.device) for a in args]))
+        B, T = bucket
+        key = (variant, B, T)
+        entry = self.buckets.get(key) or self._make(key, args, B, T)
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor) and a is not entry.args[i]:
+                raise RuntimeError(f"argument {i} is not the object bucket {key} was made with")
+        for i, x in pad_ragged(args, self.spec, B, T).items():
+            entry.args[i].copy_(x, non_blocking=True)
+        if entry.graph is not None:
+            entry.graph.replay()
+            outputs = entry.outputs
+        else:
+            outputs = _as_tuple(self.program(*entry.args))
+        self.stats.graphed += 1
+        real = {"T": self._num_tokens(args)}
+        if self.spec.logits is not None:
+            real["N"] = args[self.spec.logits].shape[0]
+        # Copies: the next replay of this graph overwrites its outputs.
+        return tuple(o[: real[kind]].clone() for o, kind in zip(outputs, self.spec.outputs))
+
+    def _num_tokens(self, args: list) -> int:
+        i = next(iter(self.spec.tokens))
+        return args[i].shape[self.spec.tokens[i][0]]
+
+    @torch.no_grad()
+    def _make(self, key: Hashable, args: list, B: int, T: int) -> _Bucket:
+        """The bucket's static buffers, holding a batch of padding only (it writes no cache or state,
+        so the warm-up runs are harmless), and in graph mode the captured graph."""
+        static = [_to(a, self.device) for a in empty_batch(args, self.spec)]
+        for i, x in pad_ragged(empty_batch(args, self.spec), self.spec, B, T).items():
+            static[i] = x.to(self.device).clone()
+        entry = _Bucket(static)
+        if self.use_graphs:
+            with torch.cuda.device(self.device):
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_RUNS):
+                        self.program(*static)
+                torch.cuda.current_stream().wait_stream(side)
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
+                entry.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(entry.graph, pool=self.pool):
+                    entry.outputs = _as_tuple(self.program(*static))
+            self.stats.captures += 1
+        self.stats.buckets.add(key)
+        self.buckets[key] = entry
+        return entry
+
+
+def _to(x: Any, device: torch.device) -> Any:
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)

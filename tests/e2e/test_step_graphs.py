@@ -1,0 +1,185 @@
+"""The decode/verify step and MTP head passes padded to CUDA-graph buckets (runtime/step_graphs.py), on the
+CPU: `pad_eager` runs each padded bucket eagerly from its static buffers, so the padding is tested without
+a GPU (tests/gpu/test_engine_gpu.py replays the graphs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime import LLMEngine, SamplingParams
+from runtime.step_graphs import (
+    HEAD_ARGS,
+    STEP_ARGS,
+    batch_buckets,
+    choose_bucket,
+    empty_batch,
+    pad_ragged,
+    token_buckets,
+)
+
+from .test_mtp import Oracle
+from .test_runtime import prompt_input, run_all
+
+
+def test_buckets():
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(4) == (1, 2, 4)
+    assert batch_buckets(6) == (1, 2, 4, 6)
+    tokens = token_buckets(4, 9, 512)
+    assert tokens == (1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36)
+    assert token_buckets(64, 9, 100)[-1] == 100  # capped by max_num_tokens
+    b, t = batch_buckets(4), tokens
+    assert choose_bucket(1, 1, b, t) == (1, 1)  # plain decode, batch 1
+    assert choose_bucket(3, 3, b, t) == (4, 4)  # a padding sequence holds the padding token
+    assert choose_bucket(4, 4, b, t) == (4, 4)
+    assert choose_bucket(2, 10, b, t) == (4, 12)  # ragged drafts: 10 tokens -> 12, needs a padding seq
+    assert choose_bucket(4, 16, b, t) == (4, 16)  # a full batch, 3 drafts each
+    assert choose_bucket(4, 13, b, t) is None  # a full batch of ragged drafts: no padding seq, eager
+    assert choose_bucket(1, 40, b, t) is None  # beyond the largest bucket (a prefill chunk)
+
+
+def _step_args(B: int, T: int, q_lens: list[int], G: int = 2, MB: int = 4, H: int = 8) -> list:
+    cu = torch.tensor([0, *q_lens]).cumsum(0).to(torch.int32)
+    return [
+        {},  # weights
+        torch.arange(1, T + 1),
+        torch.zeros(1, H),
+        torch.tensor([T]),
+        cu,
+        torch.tensor([10 + n for n in q_lens], dtype=torch.int32),
+        torch.arange(1, 1 + G * B * MB, dtype=torch.int32).view(G, B, MB),
+        torch.arange(100, 100 + G * T).view(G, T),
+        torch.arange(B, dtype=torch.int32),
+        cu[1:].long() - 1,
+        [],
+        [],
+        [],
+    ]
+
+
+def test_pad_ragged_layout():
+    args = _step_args(3, 5, [1, 1, 3])
+    p = pad_ragged(args, STEP_ARGS, 4, 8)
+    assert p[4].tolist() == [0, 1, 2, 5, 8]  # the padding sequence holds the 3 padding tokens
+    assert p[5].tolist() == [11, 11, 13, 3]  # its seq_len = its q_len: reads positions 0..2 only
+    assert p[1].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
+    assert p[3].tolist() == [8]  # the media dummy aims past the bucket's last token
+    assert torch.equal(p[6][:, :3], args[6]) and (p[6][:, 3] == 0).all()  # block 0: valid, read only
+    assert torch.equal(p[7][:, :5], args[7]) and (p[7][:, 5:] == -1).all()  # no KV write
+    assert p[8].tolist() == [0, 1, 2, -1]  # no sconv state
+    assert p[9].tolist() == [0, 1, 4, 0, 0, 0, 0, 0]
+    assert pad_ragged(args, STEP_ARGS, 4, 5)[4].tolist() == [0, 1, 2, 5, 5]  # no padding tokens
+    with pytest.raises(ValueError, match="cannot pad"):
+        pad_ragged(args, STEP_ARGS, 3, 8)  # padding tokens but no padding sequence
+    only = pad_ragged(empty_batch(args, STEP_ARGS), STEP_ARGS, 2, 4)
+    assert only[4].tolist() == [0, 0, 4] and only[5].tolist() == [0, 4] and (only[7] == -1).all()
+
+
+def _snapshot(runner) -> list[torch.Tensor]:
+    heads = [t for states in runner.head_conv_states for t in states]
+    return [
+        t.clone()
+        for t in (
+            *runner.key_caches, *runner.value_caches, *runner.conv_states,
+            *runner.head_key_caches, *runner.head_value_caches, *heads,
+        )
+    ]  # fmt: skip
+
+
+def test_a_batch_of_padding_writes_nothing(engine_f32):
+    """What a bucket runs beyond the real rows (and all of the warm-up runs before a capture): no KV,
+    sconv state or head cache changes."""
+    runner = LLMEngine(engine_f32[0], pad_eager=True).runner
+    g = torch.Generator().manual_seed(0)
+    for t in _snapshot_sources(runner):
+        t.copy_(torch.randn(t.shape, generator=g))
+    before = _snapshot(runner)
+    c = runner.config
+    step = _step_args(1, 1, [1], runner.num_groups, runner.build.max_blocks_per_seq, c.hidden_size)
+    step = [runner.weights, *step[1:10], runner.key_caches, runner.value_caches, runner.conv_states]
+    padded = empty_batch(step, STEP_ARGS)
+    for i, x in pad_ragged(padded, STEP_ARGS, 4, 12).items():
+        padded[i] = x
+    runner.step(*padded)
+    head = [
+        runner.head_weights[0], torch.zeros(1, c.hidden_size), step[1], step[2], step[3], step[4], step[5],
+        step[6][0], step[7][0], step[8], runner.head_key_caches[0], runner.head_value_caches[0],
+        runner.head_conv_states[0],
+    ]  # fmt: skip
+    padded = empty_batch(head, HEAD_ARGS)
+    for i, x in pad_ragged(padded, HEAD_ARGS, 2, 8).items():
+        padded[i] = x
+    runner.head(*padded)
+    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(runner)))
+
+
+def _snapshot_sources(runner) -> list[torch.Tensor]:
+    heads = [t for states in runner.head_conv_states for t in states]
+    return [
+        *runner.key_caches, *runner.value_caches, *runner.conv_states,
+        *runner.head_key_caches, *runner.head_value_caches, *heads,
+    ]  # fmt: skip
+
+
+def _requests(engine_f32, prompts):
+    """Ragged prompts (90 tokens crossing a page at 96, 3 tokens, image+audio, two images), MTP with
+    k = 0, 1, 3, 8 drafts in one batch."""
+    from runtime import LLM
+
+    llm = LLM(engine_f32[0])
+    return [
+        (f"k{k}", prompt_input(llm, p), SamplingParams(max_tokens=8, ignore_eos=True, num_draft_tokens=k))
+        for k, p in zip((0, 1, 3, 8), prompts)
+    ]
+
+
+def _run(engine, requests, override=None, **kw):
+    eng = LLMEngine(engine, **kw)
+    eng.draft_override = override
+    for rid, p, params in requests:
+        eng.add_request(rid, p, params)
+    return run_all(eng), eng
+
+
+@pytest.fixture(scope="module")
+def unpadded(engine_f32, prompts):
+    """The requests run without padding, with the heads' own drafts (rarely accepted)."""
+    requests = _requests(engine_f32, prompts)
+    outs, _ = _run(engine_f32[0], requests)
+    return requests, outs
+
+
+def test_padded_steps_equal_unpadded(engine_f32, unpadded):
+    """Greedy outputs token for token, with an oracle whose drafts are partly accepted, partly rejected
+    (k = 0, 1, 3, 8 in one batch); every cache and state at the end equals the unpadded run's: the real
+    ones, and nothing else written (padding rows skip the KV write, padding sequences have no state)."""
+    requests, base = unpadded
+    lens = {rid: len(p.input_ids) for rid, p, _ in requests}
+    want, plain = _run(engine_f32[0], requests, Oracle(base, lens, seed=3))
+    got, eng = _run(engine_f32[0], requests, Oracle(base, lens, seed=3), pad_eager=True)
+    assert got == want == base
+    rates = eng.acceptance.acceptance_rates
+    assert 0 < rates[0] < 1, rates
+    stats = eng.runner.graph_stats()
+    assert stats["step_graphed"] >= 3 and stats["head_graphed"] >= 10, stats
+    assert len(eng.runner.step_graphs.stats.buckets) >= 2, eng.runner.step_graphs.stats.buckets
+    # Equal up to float32 rounding: a real row's GEMMs run at the bucket's row count (writes of padding
+    # would differ by O(1)).
+    worst = max(float((a - b).abs().max()) for a, b in zip(_snapshot(plain.runner), _snapshot(eng.runner)))
+    assert worst < 1e-5, worst
+
+
+def test_full_batch_of_ragged_drafts_pads_to_a_larger_program_batch(engine_f32, unpadded):
+    """Where the programs take one sequence more than the scheduler runs (here: the scheduler held to 3
+    of the engine's 4), a full batch with ragged draft counts is padded with that extra sequence."""
+    requests, base = unpadded
+    eng = LLMEngine(engine_f32[0], pad_eager=True)
+    eng.scheduler.max_batch_size = 3
+    graphs = eng.runner.step_graphs
+    graphs.batch, graphs.tokens = batch_buckets(3, 4), token_buckets(3, 9, 512)
+    for rid, p, params in requests[1:]:  # k = 1, 3, 8
+        eng.add_request(rid, p, params)
+    outs = run_all(eng)
+    assert outs == {rid: base[rid] for rid, _, _ in requests[1:]}
+    assert any(b == 4 for _, b, _ in graphs.stats.buckets), graphs.stats.buckets
