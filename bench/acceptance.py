@@ -41,8 +41,7 @@ def task_prompts(tok, task: str, n: int, seed: int = 0) -> list[list[int]]:
             prompts.append(mixture.text_sample(384).ids)
             continue
         s = getattr(mixture, task)()
-        first = next(i for i, w in enumerate(s.weights) if w > 1.0)
-        prompts.append(s.ids[: first + 2])
+        prompts.append(s.ids[: s.answer_positions[0] + 2])
     return prompts
 
 

@@ -73,7 +73,7 @@ def needle_prompts(tok, lengths, depths, trials: int, seed: int = 0) -> list[Nee
             for _ in range(trials):
                 passkey = rng.randrange(10_000, 100_000)
                 s = mixture.needle(length, depth=depth, passkey=passkey)
-                answer = [i for i, w in enumerate(s.weights) if w > 1.0]
+                answer = s.answer_positions
                 out.append(
                     NeedlePrompt(length, depth, passkey, s.ids[: answer[0]], [s.ids[i] for i in answer])
                 )

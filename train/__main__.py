@@ -64,7 +64,7 @@ def needle_eval(
             ids = torch.tensor([s.ids], device=device)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                 logits, _ = forward(model, ids, num_heads=0)
-            answer = [i for i, w in enumerate(s.weights) if w > 1.0]
+            answer = s.answer_positions
             pred = logits[0, [i - 1 for i in answer]].argmax(-1)
             correct += bool((pred == ids[0, answer]).all())
         out[length] = correct / n

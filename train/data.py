@@ -69,6 +69,11 @@ class Sample:
     ids: list[int]
     weights: list[float]  # the loss weight of predicting ids[i] (ids[0], the bos, is never predicted)
 
+    @property
+    def answer_positions(self) -> list[int]:
+        """Positions of the checkable answer tokens (those weighted ANSWER_WEIGHT)."""
+        return [i for i, w in enumerate(self.weights) if w == ANSWER_WEIGHT]
+
 
 class Mixture:
     """Seeded sampler of packed rows: `batch(B)` -> ids [B, T] int64, weights [B, T] float32."""

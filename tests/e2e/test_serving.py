@@ -150,23 +150,23 @@ def cache(server) -> dict[str, float]:
     }
 
 
-def wait_released(server, timeout: float = 10.0) -> dict[str, float]:
+def wait_cache(server, done, timeout: float = 10.0) -> dict[str, float]:
+    """The cache statistics once `done(stats)` holds or the timeout passes (the gauges update asynchronously)."""
     deadline = time.monotonic() + timeout
     while True:
         c = cache(server)
-        if (c["held"] == 0 and c["running"] == 0) or time.monotonic() > deadline:
+        if done(c) or time.monotonic() > deadline:
             return c
         time.sleep(0.1)
 
 
-def wait_held(server, timeout: float = 10.0) -> float:
-    """Blocks held by running requests, once the metrics show some (the gauges update asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        held = cache(server)["held"]
-        if held > 0 or time.monotonic() > deadline:
-            return held
-        time.sleep(0.1)
+def wait_released(server) -> dict[str, float]:
+    return wait_cache(server, lambda c: c["held"] == 0 and c["running"] == 0)
+
+
+def wait_held(server) -> float:
+    """Blocks held by running requests, once the metrics show some."""
+    return wait_cache(server, lambda c: c["held"] > 0)["held"]
 
 
 def generate(server, model: str, body: dict, stream: bool = False):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.acceptance import task_prompts
 from bench.needle import ANSWER_TOKENS, needle_prompts, prepare_engine, reference_check
 from inkling.model import InklingReference
 from inkling.tokenizer import load_tokenizer
@@ -14,7 +15,6 @@ from runtime import LLM, SamplingParams
 from runtime.engine import PromptInput
 from runtime.speculative import AcceptanceStats
 from train import SMALL_CHECKPOINT
-from train.data import Mixture
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +49,7 @@ def test_passkey_retrieval_through_the_engine(small):
 
 def test_trained_heads_get_drafts_accepted(small):
     llm, _, tok = small
-    mixture = Mixture(tok, seq_len=512, seed=3, held_out=True)
-    prompts = []
-    for _ in range(3):
-        s = mixture.count()
-        first = next(i for i, w in enumerate(s.weights) if w > 1.0)
-        prompts.append(PromptInput(torch.tensor(s.ids[: first + 2])))
+    prompts = [PromptInput(torch.tensor(ids)) for ids in task_prompts(tok, "count", 3, seed=3)]
     plain = llm.generate(prompts, SamplingParams(max_tokens=24))
     llm.engine.acceptance = AcceptanceStats()  # count these requests' steps only
     spec = llm.generate(prompts, SamplingParams(max_tokens=24, num_draft_tokens=3))

@@ -70,7 +70,7 @@ def test_mixture_rows_and_needles():
     text = tok.decode(s.ids)
     assert "The secret passkey is 12345." in text
     assert text.endswith(QUESTION.strip() + ANSWER.format(12345))
-    answer = [i for i, w in zip(s.ids, s.weights) if w > 1]
+    answer = [s.ids[i] for i in s.answer_positions]
     assert tok.decode(answer) == ANSWER.format(12345)
     held_out = Mixture(tok, seq_len=512, seed=1, held_out=True)
     assert held_out.text[:50] != data.text[:50]
