@@ -33,22 +33,28 @@ class StepBytes:
         return self.total / BANDWIDTH
 
 
-def decode_step_bytes(c: InklingConfig, kv_len: int, distinct_experts: int | None = None) -> StepBytes:
-    """Bytes one decode step reads for one sequence with `kv_len` tokens of context.
+def decode_step_bytes(
+    c: InklingConfig, kv_len: int, distinct_experts: int | None = None, tp_size: int = 1
+) -> StepBytes:
+    """Bytes one decode step reads for one sequence with `kv_len` tokens of context, per GPU of `tp_size`
+    (builder/sharding.py: heads, their KV and relative rows, and every expert's I split; the router and
+    lm_head replicated; KV heads replicated where there are fewer than ranks).
 
     distinct_experts: routed experts touched per layer (top-k for one token; more for a batch or an
     MTP verify step)."""
-    H, I = c.hidden_size, c.moe_intermediate_size
+    H, I, n = c.hidden_size, c.moe_intermediate_size, tp_size
     experts = c.num_experts_per_tok if distinct_experts is None else distinct_experts
-    attn = (c.qkvr_size * H + H * c.q_size) * BF16
-    moe = (c.num_router_outputs * H + c.num_shared_experts * 3 * I * H) * BF16 + experts * 3 * I * H * NVFP4
+    attn = (c.qkvr_size * H + H * c.q_size) * BF16 / n
+    router = c.num_router_outputs * H * BF16
+    moe = (c.num_shared_experts * 3 * I * H * BF16 + experts * 3 * I * H * NVFP4) / n
+    kv_split = min(n, c.num_key_value_heads)
     weights = rel = kv = 0.0
     for layer in range(c.num_hidden_layers):
         window = c.sliding_window if c.is_sliding(layer) else kv_len
         keys = min(kv_len, window)
-        weights += attn + moe
-        rel += c.num_attention_heads * min(keys, c.max_relative_distance) * c.rel_head_dim * BF16
-        kv += 2 * keys * c.kv_size * BF16
+        weights += attn + router + moe
+        rel += c.num_attention_heads * min(keys, c.max_relative_distance) * c.rel_head_dim * BF16 / n
+        kv += 2 * keys * c.kv_size * BF16 / kv_split
     return StepBytes(weights, rel, kv, c.vocab_size * H * BF16)
 
 

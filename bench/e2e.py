@@ -7,10 +7,13 @@ The weights are synthesized where they run (inkling-bench is 67 GB with NVFP4 ex
 GPU host's free disk) and the engine is built in memory. Prompts come in three entropy tiers, from
 text that ships with Python: low (source code and sorted numbers), mixed (the pydoc topics), high
 (prose: the license text). `--cuda_graphs` replays the decode steps from CUDA graphs (off by default).
-Measured, in one run: time to first token for one prompt, decode tokens/s
-per user at batch 1, throughput at larger batches; the reference model as a user would otherwise run
-it (eager, no cache: it recomputes the sequence for each token) on a few tokens; and the bound of
-bench/bound.py. Writes results.json, results.md and a plot into --out.
+Measured, in one run: time to first token for one prompt per tier; for each batch size, the decode steps
+once every request has its first token (each step timed: median and spread, tokens/s per user, throughput;
+a batch stops after `--output_len` tokens or `--decode_budget_s` seconds of decoding, whichever comes
+first, and the table says how many tokens it ran); optionally a torch.profiler table of a few decode steps
+at `--profile_batch`; the reference model as a user would otherwise run it (eager, no cache: it recomputes
+the sequence for each token) and the same under torch.compile, each in its own process with a time limit
+after the engine is freed; and the bound of bench/bound.py. Writes results.json, results.md into --out.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import argparse
 import inspect
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 
@@ -73,7 +78,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt_len", type=int, default=8192)
     ap.add_argument("--output_len", type=int, default=1024)
     ap.add_argument("--batches", default="1,8,32,64", help="batch sizes of the decode throughput runs")
-    ap.add_argument("--reference_tokens", type=int, default=2, help="tokens the eager reference generates")
+    ap.add_argument(
+        "--decode_budget_s", type=float, default=120.0, help="decoding time per batch size at most"
+    )
+    ap.add_argument(
+        "--profile_batch", type=int, default=0, help="torch.profiler table of decode steps at this batch"
+    )
+    ap.add_argument("--reference_tokens", type=int, default=2, help="tokens each reference peer generates")
+    ap.add_argument(
+        "--reference_peers", default="eager,compile", help="reference peers to run (eager, compile)"
+    )
+    ap.add_argument(
+        "--reference_timeout_s", type=float, default=420.0, help="time limit of each reference peer"
+    )
+    ap.add_argument("--reference_only", choices=("eager", "compile"), help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     ap.add_argument(
@@ -84,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     config, _ = synth_config(args.preset, mtp_heads=0, nvfp4=True)
+    if args.reference_only:
+        return reference_peer(args, config)
     results: dict = {
         "command": " ".join(["python", "-m", "bench.e2e", *(sys.argv[1:] if argv is None else argv)]),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
@@ -91,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
         "preset": args.preset,
         "cuda_graphs": args.cuda_graphs,
     }
-    prompts = measure_engine(args, config, results)  # the engine is freed on return
     bound = decode_step_bytes(config, args.prompt_len + args.output_len // 2)
     results["bound"] = {
         "decode_bytes_per_step": bound.total,
@@ -99,19 +118,134 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_per_s_per_user": 1 / bound.seconds,
         "prefill_s": prefill_flops(config, args.prompt_len) / 790e12,
     }
-    ref = InklingReference.from_tensors(config, iter_synthetic_tensors(config, args.seed, args.device))
-    ids = prompts["mixed"].to(args.device)
-    with torch.no_grad():
-        _, ref_s = timed(lambda: ref.generate(ids, args.reference_tokens, stop_ids=[]))
-    results["reference_eager_s_per_token"] = ref_s / args.reference_tokens
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
+
+    def save() -> None:  # after each phase: a run cut short keeps what it measured
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(results, f, indent=2)
+
+    measure_engine(args, config, results, save)  # the engine is freed on return
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    results["reference"] = {}
+    for mode in filter(None, args.reference_peers.split(",")):
+        results["reference"][mode] = run_reference_peer(argv, args, mode)
+        save()
     write_table(results, os.path.join(args.out, "results.md"))
     print(open(os.path.join(args.out, "results.md")).read())
     return 0
 
 
-def measure_engine(args: argparse.Namespace, config, results: dict) -> dict[str, torch.Tensor]:
+def reference_peer(args: argparse.Namespace, config) -> int:
+    """This process is one reference peer: eager or torch.compile'd (each decoder layer, dynamic shapes).
+    Prints one JSON line: the first token's time (compilation included) and the mean of the next tokens."""
+    from inkling.tokenizer import build_tokenizer
+
+    ref = InklingReference.from_tensors(config, iter_synthetic_tensors(config, args.seed, args.device))
+    if args.reference_only == "compile":
+        for layer in ref.model.layers:
+            layer.compile(dynamic=True)
+    ids = tier_prompts(build_tokenizer(), config.token_id("bos"), args.prompt_len)["mixed"].to(args.device)
+    with torch.no_grad():
+        first, first_s = timed(lambda: ref.generate(ids, 1, stop_ids=[]))
+        ids = torch.cat([ids, first.to(args.device)])
+        _, rest_s = timed(lambda: ref.generate(ids, args.reference_tokens, stop_ids=[]))
+    print(json.dumps({"first_token_s": first_s, "s_per_token": rest_s / args.reference_tokens}), flush=True)
+    return 0
+
+
+def run_reference_peer(argv: list[str] | None, args: argparse.Namespace, mode: str) -> dict:
+    """Run a reference peer in its own process (its memory is freed with it; a slow compile is cut off)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.e2e",
+        *(sys.argv[1:] if argv is None else argv),
+        "--reference_only",
+        mode,
+    ]
+    print(f"[bench] reference peer ({mode}), at most {args.reference_timeout_s:.0f} s", flush=True)
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.reference_timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"timed_out_s": args.reference_timeout_s}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        return {"failed": (done.stderr or done.stdout)[-2000:], "wall_s": time.perf_counter() - start}
+    return {**json.loads(lines[-1]), "wall_s": time.perf_counter() - start}
+
+
+def decode_run(
+    llm: LLM, prompts: list[torch.Tensor], args: argparse.Namespace, profile: bool = False
+) -> tuple[dict, list[list[int]]]:
+    """Batch `prompts` with greedy decoding; time each step once every request has its first token (the
+    prompts' prefills are not decode steps). Stops after output_len tokens or decode_budget_s seconds.
+    With `profile`, a few steps after the eighth are profiled (and not timed). Returns the figures and
+    each request's tokens."""
+    eng = llm.engine
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
+    names = [f"b{i}" for i in range(len(prompts))]
+    for name, ids in zip(names, prompts):
+        eng.add_request(name, PromptInput(ids), params)
+    tokens: dict[str, list[int]] = {name: [] for name in names}
+
+    def step() -> None:
+        for d in eng.step():
+            tokens[d.request_id] += d.token_ids
+
+    steps: list[float] = []
+    decoding_since = None
+    while eng.has_unfinished():
+        if profile and len(steps) == 8:
+            profile_steps(step, args)
+            profile = False
+        _, dt = timed(step)
+        if decoding_since is None:
+            if all(tokens.values()):
+                decoding_since = time.perf_counter()
+            continue
+        steps.append(dt)
+        if time.perf_counter() - decoding_since > args.decode_budget_s:
+            for name in names:
+                eng.abort_request(name)
+            break
+    median = statistics.median(steps)
+    tenths = statistics.quantiles(steps, n=10) if len(steps) > 1 else [median] * 9
+    figures = {
+        "decode_steps_timed": len(steps),
+        "tokens_per_request": min(len(t) for t in tokens.values()),
+        "step_s_median": median,
+        "step_s_p10": tenths[0],
+        "step_s_p90": tenths[-1],
+        "step_s_first": steps[:8],
+        "tokens_per_s_per_user": 1 / median,
+        "throughput_tokens_per_s": len(prompts) / median,
+    }
+    return figures, list(tokens.values())
+
+
+def profile_steps(step, args: argparse.Namespace, count: int = 4) -> None:
+    """A torch.profiler table of `count` decode steps, by device time and by host time, into --out."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = args.device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(count):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    table = prof.key_averages()
+    key = "cuda_time_total" if cuda else "cpu_time_total"
+    path = os.path.join(args.out, f"profile_batch{args.profile_batch}.txt")
+    with open(path, "w") as f:
+        f.write(f"{count} decode steps at batch {args.profile_batch}, by {key}\n")
+        f.write(table.table(sort_by=key, row_limit=40) + "\n\nby self_cpu_time_total\n")
+        f.write(table.table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
+    print(f"[bench] profile written to {path}", flush=True)
+
+
+def measure_engine(args: argparse.Namespace, config, results: dict, save) -> None:
     """Build the engine in memory; time first tokens per tier and decoding per batch size."""
     from inkling.tokenizer import build_tokenizer
 
@@ -132,25 +266,20 @@ def measure_engine(args: argparse.Namespace, config, results: dict) -> dict[str,
     llm = LLM(engine, cuda_graphs=args.cuda_graphs)
     prompts = tier_prompts(tokenizer, config.token_id("bos"), args.prompt_len)
     greedy = SamplingParams(max_tokens=1, ignore_eos=True)
-    llm.generate(PromptInput(prompts["low"][:64]), greedy)  # warm-up: kernels compile
+    for warm in (prompts["mixed"][:64], prompts["mixed"]):  # warm-up: kernels compile for short and long
+        llm.generate(PromptInput(warm), greedy)
     results["ttft_s"] = {
         tier: timed(lambda ids=ids: llm.generate(PromptInput(ids), greedy))[1]
         for tier, ids in prompts.items()
     }
     results["decode"] = {}
-    long = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
     for batch in batches:
-        reqs = [PromptInput(prompts[list(prompts)[i % 3]]) for i in range(batch)]
-        outs, seconds = timed(lambda reqs=reqs: llm.generate(reqs, long))
-        itl = sum(o.metrics["itl_s"] for o in outs) / len(outs)
-        results["decode"][batch] = {
-            "seconds": seconds,
-            "itl_s": itl,
-            "tokens_per_s_per_user": 1 / itl if itl else 0.0,
-            "throughput_tokens_per_s": sum(o.completion_tokens for o in outs) / seconds,
-        }
+        reqs = [prompts[list(prompts)[i % 3]] for i in range(batch)]
+        results["decode"][batch], _ = decode_run(llm, reqs, args, profile=batch == args.profile_batch)
+        if args.cuda_graphs:
+            results["decode"][batch]["graph_stats"] = llm.engine.runner.graph_stats()
         print(f"[bench] batch {batch}: {results['decode'][batch]}", flush=True)
-    return prompts
+        save()
 
 
 def write_table(r: dict, path: str) -> None:
@@ -168,12 +297,24 @@ def write_table(r: dict, path: str) -> None:
         )
     for batch, d in r["decode"].items():
         per_user = d["tokens_per_s_per_user"]
-        lines.append(f"| decode tokens/s per user, batch {batch} | {per_user:.1f} | {b['tokens_per_s_per_user']:.0f} (batch 1) | "
-                     f"{per_user / b['tokens_per_s_per_user']:.1%} |")  # fmt: skip
+        lines.append(
+            f"| decode tokens/s per user, batch {batch} ({d['tokens_per_request']} tokens each; step median "
+            f"{d['step_s_median'] * 1e3:.1f} ms, p10–p90 {d['step_s_p10'] * 1e3:.1f}–{d['step_s_p90'] * 1e3:.1f} ms) | "
+            f"{per_user:.1f} | {b['tokens_per_s_per_user']:.0f} (batch 1) | {per_user / b['tokens_per_s_per_user']:.1%} |"
+        )
         lines.append(f"| throughput tokens/s, batch {batch} | {d['throughput_tokens_per_s']:.1f} | | |")
-    lines.append(
-        f"| reference model, eager, s per token (recomputes the sequence) | {r['reference_eager_s_per_token']:.2f} | | |"
-    )
+    ours = r["decode"][min(r["decode"], key=int)]["step_s_median"]
+    for mode, peer in r["reference"].items():
+        what = f"reference model, {mode} (recomputes the sequence per token)"
+        if "s_per_token" in peer:
+            lines.append(
+                f"| {what}: s per token (first token {peer['first_token_s']:.1f} s) | {peer['s_per_token']:.2f} | | "
+                f"ours at the smallest batch is {peer['s_per_token'] / ours:.0f}× faster |"
+            )
+        elif "timed_out_s" in peer:
+            lines.append(f"| {what} | did not finish in {peer['timed_out_s']:.0f} s | | |")
+        else:
+            lines.append(f"| {what} | failed (results.json has the error) | | |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 

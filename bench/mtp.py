@@ -32,7 +32,7 @@ from inkling.config import preset
 from inkling.synth import iter_synthetic_tensors, synth_config
 from runtime import LLMEngine, PromptInput, SamplingParams
 from runtime.scheduler import ScheduledSeq
-from runtime.step_graphs import HEAD_ARGS, STEP_ARGS, StepGraphs, batch_buckets, token_buckets
+from runtime.step_graphs import HEAD_ARGS, STEP_ARGS, StepGraphs, batch_buckets, q_buckets, token_buckets
 
 from .bound import BANDWIDTH, BF16, decode_step_bytes
 
@@ -161,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     step_graphs = head_graphs = None
     recorded: dict[int, list] = {}  # k -> the step's inputs
     if args.cuda_graphs:  # the runtime's graphs over the same programs, fed the recorded inputs
-        buckets = (batch_buckets(bc.max_batch_size), token_buckets(bc.max_batch_size, 9, bc.max_num_tokens))
+        buckets = (
+            batch_buckets(bc.max_batch_size),
+            token_buckets(bc.max_batch_size, 9, bc.max_num_tokens),
+            q_buckets(9),
+        )
         dev = torch.device(args.device)
         step_graphs = StepGraphs(step.fn, STEP_ARGS, dev, *buckets, use_graphs=True)
         head_graphs = StepGraphs(head.fn, HEAD_ARGS, dev, *buckets, use_graphs=True, pool=step_graphs.pool)

@@ -280,7 +280,8 @@ def step_example(
     tp: TensorParallel | None = None,
 ):
     """Example inputs for export: 2 sequences of 3 and 2 new tokens (sizes > 1 so nothing specialises);
-    caches and sconv states of one rank's size under tensor parallelism."""
+    caches and sconv states of one rank's size under tensor parallelism. q_bound's length is the longest
+    sequence's new tokens (docs/interfaces.md "Step inputs")."""
     tp = tp or TensorParallel(config)
     layout = CacheLayout.of(config)
     T, B, MB = 5, 2, bc.max_blocks_per_seq
@@ -301,10 +302,17 @@ def step_example(
         slot_mappings=torch.tensor([0, 1, 2, 16, 17], device=device).repeat(layout.num_groups, 1),
         state_indices=torch.tensor([0, 1], **i32),
         logits_indices=torch.tensor([2, 4], device=device),
+        q_bound=torch.zeros(3, dtype=torch.int8, device=device),
         key_caches=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(layout.pool_size)],
         value_caches=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(layout.pool_size)],
         conv_states=conv,
     ), (T, B)
+
+
+def program_batch(bc: BuildConfig) -> int:
+    """The largest batch the step and head programs take: max_batch_size sequences plus one, the padding
+    sequence a CUDA-graph bucket adds beside a full batch (runtime/step_graphs.py)."""
+    return bc.max_batch_size + 1
 
 
 def export_step(
@@ -312,7 +320,7 @@ def export_step(
 ) -> torch.export.ExportedProgram:
     example, _ = step_example(config, bc, device, dtype, tp=tp)
     T = Dim("num_tokens", min=1, max=bc.max_num_tokens)
-    B = Dim("batch", min=1, max=bc.max_batch_size)
+    B = Dim("batch", min=1, max=program_batch(bc))
     N = Dim("num_logits", min=1, max=bc.max_num_tokens)
     M = Dim("num_mm", min=1, max=bc.max_num_tokens + 1)
     NB = Dim("num_blocks", min=2, max=MAX_BLOCKS_DIM)
@@ -328,6 +336,7 @@ def export_step(
         "slot_mappings": {1: T},
         "state_indices": {0: B},
         "logits_indices": {0: N},
+        "q_bound": {0: Dim("max_q", min=1, max=bc.max_num_tokens)},
         "key_caches": [{0: NB}] * layout.pool_size,
         "value_caches": [{0: NB}] * layout.pool_size,
         "conv_states": [None] * len(example["conv_states"]),
@@ -373,12 +382,13 @@ def export_head(config, bc, impls, weights, device, dtype) -> torch.export.Expor
         block_table=step["block_tables"][0],
         slot_mapping=step["slot_mappings"][0],
         state_indices=step["state_indices"],
+        q_bound=step["q_bound"],
         key_cache=step["key_caches"][0],
         value_cache=step["value_caches"][0],
         conv_states=conv,
     )
     Tn = Dim("num_tokens", min=1, max=bc.max_num_tokens)
-    Bd = Dim("batch", min=1, max=bc.max_batch_size)
+    Bd = Dim("batch", min=1, max=program_batch(bc))
     M = Dim("num_mm", min=1, max=bc.max_num_tokens + 1)
     NB = Dim("num_blocks", min=2, max=MAX_BLOCKS_DIM)
     dynamic = {
@@ -392,6 +402,7 @@ def export_head(config, bc, impls, weights, device, dtype) -> torch.export.Expor
         "block_table": {0: Bd},
         "slot_mapping": {0: Tn},
         "state_indices": {0: Bd},
+        "q_bound": {0: Dim("max_q", min=1, max=bc.max_num_tokens)},
         "key_cache": {0: NB},
         "value_cache": {0: NB},
         "conv_states": [None] * 3,

@@ -34,7 +34,7 @@ from inkling.config import InklingConfig
 
 from .config import BuildConfig
 
-ENGINE_FORMAT_VERSION = 1
+ENGINE_FORMAT_VERSION = 2  # 2: the step and head programs take q_bound
 VERIFY_SHA256_BELOW = 1 << 30  # files larger than this are checked by size only (unless verify="full")
 
 

@@ -111,7 +111,7 @@ class StepProgram(nn.Module):
     def attention(self, w, p, x, window, meta, key_cache, value_cache, conv):
         c = self.c
         T = x.shape[0]
-        cu, seq_lens, state_idx, block_table, slot_mapping = meta
+        cu, seq_lens, state_idx, block_table, slot_mapping, max_q = meta
         Hq, Hkv, D = self.num_heads, self.num_kv_heads, c.head_dim
         q, k, v, r = (x @ w[f"{p}.qkvr_proj.weight"].T).split(
             (Hq * D, Hkv * D, Hkv * D, Hq * c.rel_head_dim), -1
@@ -137,7 +137,7 @@ class StepProgram(nn.Module):
             q.reshape(T, Hq, D).contiguous(),
             r.reshape(T, Hq, c.rel_head_dim).contiguous(),
             w[f"{p}.rel_embed"], key_cache, value_cache, block_table, cu, seq_lens,
-            T, window, self.scale, self.impls["sheared_bias_attention"],
+            max_q, window, self.scale, self.impls["sheared_bias_attention"],
         )  # fmt: skip
         a = o.reshape(T, -1) @ w[f"{p}.o_proj.weight"].T  # a partial sum over the rank's heads
         return self.channel_sconv(a, w[f"{p}.sconv_o.weight"], conv[2], state_idx, cu)
@@ -157,7 +157,7 @@ class StepProgram(nn.Module):
     def moe(self, w, p, x, conv_m, meta):
         from plugins.moe import PACKED_NAMES
 
-        cu, _, state_idx, _, _ = meta
+        cu, _, state_idx, _, _, _ = meta
         y = torch.ops.inkling.expert_sink_moe(
             x, w[f"{p}.router.weight"], *[w[f"{p}.experts_packed.{key}"] for key in PACKED_NAMES],
             w[f"{p}.shared_w13"], w[f"{p}.shared_w2"], self.c.num_routed_experts, self.c.num_experts_per_tok,
@@ -177,6 +177,7 @@ class StepProgram(nn.Module):
         slot_mappings: torch.Tensor,
         state_indices: torch.Tensor,
         logits_indices: torch.Tensor,
+        q_bound: torch.Tensor,
         key_caches: list[torch.Tensor],
         value_caches: list[torch.Tensor],
         conv_states: list[torch.Tensor],
@@ -186,7 +187,14 @@ class StepProgram(nn.Module):
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}"
             g, j = lay.group_of_layer[i], lay.slot_of_layer[i]
-            meta = (cu_seqlens_q, seq_lens, state_indices, block_tables[g], slot_mappings[g])
+            meta = (
+                cu_seqlens_q,
+                seq_lens,
+                state_indices,
+                block_tables[g],
+                slot_mappings[g],
+                q_bound.shape[0],
+            )
             conv = conv_states[4 * i : 4 * i + 4]
             h = x + self.attention(
                 w, f"{p}.self_attn", rms_norm(x, w[f"{p}.input_layernorm.weight"], c.rms_norm_eps),
@@ -206,7 +214,7 @@ class StepProgram(nn.Module):
 class HeadProgram(StepProgram):
     """One MTP head's pass (INKLING_SPEC §5) over a ragged batch, with the head's own paged KV and
     sconv states: forward(weights, h_prev, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens,
-    block_table, slot_mapping, state_indices, key_cache, value_cache, conv_states) -> h^m [T, H].
+    block_table, slot_mapping, state_indices, q_bound, key_cache, value_cache, conv_states) -> h^m [T, H].
 
     The same program serves every head: `weights` holds one head's tensors without their `mtp.{m}.`
     prefix, plus `embed_tokens` (the main model's embedding table). Row t of h_prev is
@@ -229,6 +237,7 @@ class HeadProgram(StepProgram):
         block_table: torch.Tensor,
         slot_mapping: torch.Tensor,
         state_indices: torch.Tensor,
+        q_bound: torch.Tensor,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         conv_states: list[torch.Tensor],
@@ -238,7 +247,7 @@ class HeadProgram(StepProgram):
         e = self.embed(w["embed_tokens"], input_ids, mm_embeds, mm_positions)
         u = torch.cat([rms_norm(h_prev, w["hnorm.weight"], eps), rms_norm(e, w["enorm.weight"], eps)], -1)
         u = u @ w["eh_proj.weight"].T
-        meta = (cu_seqlens_q, seq_lens, state_indices, block_table, slot_mapping)
+        meta = (cu_seqlens_q, seq_lens, state_indices, block_table, slot_mapping, q_bound.shape[0])
         h = u + self.attention(
             w, "self_attn", rms_norm(u, w["input_layernorm.weight"], eps), 0, meta, key_cache, value_cache,
             conv_states,

@@ -180,7 +180,7 @@ class EngineRunner:
         return self.step(
             self.weights, torch.cat(chunks).to(dev), torch.cat(mm_rows), torch.cat(mm_pos).to(dev),
             cu, seq_lens, block_tables, slots, torch.tensor(seq_ids, dtype=torch.int32, device=dev), logits_idx,
-            self.key_caches, self.value_caches, self.conv_states,
+            torch.zeros(max(q_lens), dtype=torch.int8, device=dev), self.key_caches, self.value_caches, self.conv_states,
         )  # fmt: skip
 
     def reset(self) -> None:

@@ -83,8 +83,10 @@ def to_host(obj: Any) -> Any:
 class Workers:
     """Rank 0's side: the N-1 worker processes, and the calls it broadcasts to them."""
 
-    def __init__(self, engine_dir: str, config: dict, num_blocks: int | None = None):
-        """Start the workers of the engine at `engine_dir` (its config.json `config`) and join them as rank 0."""
+    def __init__(self, engine_dir: str, config: dict, num_blocks: int | None = None, graphs: str = "off"):
+        """Start the workers of the engine at `engine_dir` (its config.json `config`) and join them as rank 0.
+        graphs: "cuda", "pad_eager" or "off", as rank 0's runner has them (every rank pads alike, so the
+        step's collectives meet with the same shapes)."""
         if dist.is_initialized():
             raise RuntimeError(
                 "torch.distributed is already initialised in this process: one tensor-parallel LLM per "
@@ -99,7 +101,7 @@ class Workers:
         )
         path = os.pathsep.join(filter(None, [PROJECT_ROOT, os.environ.get("PYTHONPATH")]))
         args = ["--engine_dir", os.path.abspath(engine_dir), "--world_size", str(self.world_size)]
-        args += ["--store", f"127.0.0.1:{port}", "--num_blocks", str(num_blocks or 0)]
+        args += ["--store", f"127.0.0.1:{port}", "--num_blocks", str(num_blocks or 0), "--graphs", graphs]
         self.procs = [
             subprocess.Popen(
                 [_python(), "-m", "runtime.worker", *args, "--rank", str(rank)],

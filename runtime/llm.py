@@ -50,14 +50,13 @@ class LLM:
         num_blocks: int | None = None,
         seed: int = 0,
         cuda_graphs: bool = False,
+        pad_eager: bool = False,
     ):
         """engine: a directory, or an Engine in memory (one rank only). A tensor-parallel engine (tp_size N)
         is loaded here as rank 0, and its other N-1 ranks are started as worker processes (stop them with
         `shutdown()`; they also stop when this process exits). cuda_graphs: replay decode/verify steps and
-        MTP drafting from CUDA graphs per batch-size bucket (a CUDA engine on one rank; off by default)."""
-        if cuda_graphs and not isinstance(engine, Engine):
-            if read_engine_config(os.fspath(engine)).get("mapping", {}).get("tp_size", 1) > 1:
-                raise ValueError("cuda_graphs is not supported with tensor parallelism yet")
+        MTP drafting from CUDA graphs per (batch, tokens) bucket, on every rank (a CUDA engine; off by
+        default). pad_eager (tests): the same buckets and padding, run eagerly (runtime/step_graphs.py)."""
         self.workers = None
         if isinstance(engine, Engine):
             if engine.tp_size > 1:
@@ -69,14 +68,17 @@ class LLM:
             config = read_engine_config(os.fspath(engine))
             tp_size = config.get("mapping", {}).get("tp_size", 1)
             if tp_size > 1:
-                self.workers = Workers(os.fspath(engine), config, num_blocks)
+                graphs = "cuda" if cuda_graphs else ("pad_eager" if pad_eager else "off")
+                self.workers = Workers(os.fspath(engine), config, num_blocks, graphs)
                 weakref.finalize(self, self.workers.shutdown)
             try:
                 engine = Engine.from_dir(engine, world_size=tp_size)
             except BaseException:
                 self.shutdown()
                 raise
-        self.engine = LLMEngine(engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs)
+        self.engine = LLMEngine(
+            engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs, pad_eager=pad_eager
+        )
         self.processor = (
             Processor(self.engine.config, self.engine.tokenizer) if self.engine.tokenizer else None
         )

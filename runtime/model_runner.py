@@ -29,6 +29,7 @@ from .step_graphs import (
     StepGraphs,
     batch_buckets,
     program_max_batch,
+    q_buckets,
     token_buckets,
 )
 
@@ -49,6 +50,7 @@ class StepInputs:
     slot_mappings: torch.Tensor
     state_indices: torch.Tensor
     logits_indices: torch.Tensor
+    q_bound: torch.Tensor  # int8 [max q_len]: its length bounds each sequence's new tokens
 
     def to(self, device: torch.device) -> list[torch.Tensor]:
         return [getattr(self, f.name).to(device) for f in dataclasses.fields(self)]
@@ -113,8 +115,6 @@ class ModelRunner(EngineRunner):
         self.step_graphs = self.head_graphs = None
         if not (cuda_graphs or pad_eager):
             return
-        if self.engine.tp_size > 1:  # every rank would have to pad alike (the collectives' shapes)
-            raise ValueError("cuda_graphs is not supported with tensor parallelism yet")
         if cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs needs a CUDA engine, this one runs on {self.device}")
@@ -132,7 +132,8 @@ class ModelRunner(EngineRunner):
 
         def graphs(name: str, program, spec) -> StepGraphs:
             batch = batch_buckets(bc.max_batch_size, program_max_batch(self.engine.programs[name]))
-            return StepGraphs(program, spec, self.device, batch, tokens, pool=pool, **kw)
+            qs = q_buckets(1 + bc.max_draft_len)
+            return StepGraphs(program, spec, self.device, batch, tokens, qs, pool=pool, **kw)
 
         self.step_graphs = graphs("step", self.step, STEP_ARGS)
         if self.head is not None:
@@ -171,9 +172,10 @@ class ModelRunner(EngineRunner):
         each sequence's last 1 + num_drafts rows (sequence b's are rows[b]..rows[b+1]-1), the row
         offsets, and the last hidden states h^0 of every token fed [T, H]."""
         inputs = self.step_inputs(batch)
-        self._mirror("execute", inputs)
-        # Decode/verify steps (each sequence feeds one token and its drafts) replay a graph.
+        # Decode/verify steps (each sequence feeds one token and its drafts) replay a graph, on every rank
+        # alike: the bucket depends on shapes only, so the ranks' collectives meet with the same shapes.
         graphed = all(s.num_tokens == 1 + s.num_drafts for s in batch)
+        self._mirror("execute", inputs, graphed)
         logits, hidden = self.execute(inputs, graphed)
         rows = [0]
         for s in batch:
@@ -235,6 +237,7 @@ class ModelRunner(EngineRunner):
             slot_mappings=slots,
             state_indices=torch.tensor([s.seq.slot for s in batch], dtype=torch.int32),
             logits_indices=logits_idx,
+            q_bound=torch.zeros(max(q_lens), dtype=torch.int8),
         )
 
     # Sconv states.
@@ -369,6 +372,7 @@ class ModelRunner(EngineRunner):
                 table,
                 torch.cat(slots),
                 torch.tensor([work[i].seq.slot for i, _, _ in items], dtype=torch.int32),
+                torch.zeros(max(lens), dtype=torch.int8),
                 self.head_key_caches[m - 1],
                 self.head_value_caches[m - 1],
                 self.head_conv_states[m - 1],

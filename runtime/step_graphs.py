@@ -2,12 +2,14 @@
 (DESIGN.md "Runtime", docs/interfaces.md "CUDA graphs").
 
 A decode step of a large model is hundreds of small kernels; launched one by one from Python the host
-is the bottleneck. So a ragged batch of B sequences and T tokens (no media) is padded to a bucket
-(B_g >= B, T_g >= T), its inputs are copied into the bucket's static buffers, and the graph captured
-for that bucket replays. Padding never touches real state (docs/interfaces.md):
-- padding tokens all belong to the last padding sequence (its q_len = T_g - T, seq_len = q_len); the
-  other padding sequences have q_len 0, so every row belongs to some sequence and every output row is
-  defined (the split-KV reduction reads every row's partials);
+is the bottleneck. So a ragged batch of B sequences and T tokens whose longest sequence feeds Q tokens
+(no media) is padded to a bucket (B_g >= B, T_g >= T, Q_g >= Q), its inputs are copied into the
+bucket's static buffers, and the graph captured for that bucket replays. Q_g is the program's q_bound
+(the attention's tiles are chosen for it: one query per sequence in a decode step, not T). Padding never
+touches real state (docs/interfaces.md):
+- padding tokens fill padding sequences of at most Q_g tokens each (seq_len = q_len); the remaining
+  padding sequences have q_len 0, so every row belongs to some sequence and every output row is defined
+  (the split-KV reduction reads every row's partials);
 - padding rows have slot_mapping -1: `kv_cache_write` and `sconv_kv_write` skip them;
 - padding sequences have state index -1 ("no state": x[t<0] = 0, nothing saved), which every sconv op
   honours; the exported programs fix the state tensors at max_batch_size slots, so there is no room for
@@ -36,6 +38,15 @@ from typing import Any
 import torch
 
 WARMUP_RUNS = 3  # eager runs on a side stream before a capture (Triton compiles, cuBLAS handles)
+
+
+def q_buckets(max_tokens_per_seq: int) -> tuple[int, ...]:
+    """Bounds of the tokens one sequence feeds: 1 (decode), powers of two, and 1 + max drafts."""
+    out, q = [], 1
+    while q < max_tokens_per_seq:
+        out.append(q)
+        q *= 2
+    return (*out, max_tokens_per_seq)
 
 
 def batch_buckets(max_batch_size: int, max_program_batch: int | None = None) -> tuple[int, ...]:
@@ -75,28 +86,35 @@ def token_buckets(max_batch_size: int, max_tokens_per_seq: int, max_num_tokens: 
 
 
 def choose_bucket(
-    num_seqs: int, num_tokens: int, batch: tuple[int, ...], tokens: tuple[int, ...]
-) -> tuple[int, int] | None:
-    """(B_g, T_g): the smallest token bucket, then the smallest batch bucket with room for a padding
-    sequence when there are padding tokens; None (run eager) when none fits."""
+    num_seqs: int,
+    num_tokens: int,
+    max_q: int,
+    batch: tuple[int, ...],
+    tokens: tuple[int, ...],
+    qs: tuple[int, ...],
+) -> tuple[int, int, int] | None:
+    """(B_g, T_g, Q_g): the smallest q bound and token bucket, then the smallest batch bucket with room for
+    the padding sequences that hold the padding tokens (Q_g each at most); None (run eager) when none fits."""
+    Q = next((q for q in qs if q >= max_q), None)
     T = next((t for t in tokens if t >= num_tokens), None)
-    if T is None:
+    if Q is None or T is None:
         return None
-    need = num_seqs + (T > num_tokens)
+    need = num_seqs + -(-(T - num_tokens) // Q)
     B = next((b for b in batch if b >= need), None)
-    return None if B is None else (B, T)
+    return None if B is None else (B, T, Q)
 
 
 @dataclass(frozen=True)
 class RaggedArgs:
     """Where a program's ragged batch sits among its positional arguments: index -> (dim, padding value)
-    of the inputs sized by tokens and by sequences; the logits rows (N <= T), cu_seqlens_q, seq_lens and
-    the media splice; what each output is sized by ("T" or "N")."""
+    of the inputs sized by tokens and by sequences; the logits rows (N <= T), cu_seqlens_q, seq_lens,
+    q_bound and the media splice; what each output is sized by ("T" or "N")."""
 
     tokens: dict[int, tuple[int, float]]
     seqs: dict[int, tuple[int, float]]
     cu: int
     seq_lens: int
+    q_bound: int
     mm_embeds: int
     mm_positions: int
     outputs: tuple[str, ...]
@@ -104,18 +122,18 @@ class RaggedArgs:
 
 
 # builder/network.py StepProgram.forward(weights, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens,
-# block_tables, slot_mappings, state_indices, logits_indices, key_caches, value_caches, conv_states)
+# block_tables, slot_mappings, state_indices, logits_indices, q_bound, key_caches, value_caches, conv_states)
 STEP_ARGS = RaggedArgs(
     tokens={1: (0, 0), 7: (1, -1)},
     seqs={6: (1, 0), 8: (0, -1)},
-    cu=4, seq_lens=5, mm_embeds=2, mm_positions=3, outputs=("N", "T"), logits=9,
+    cu=4, seq_lens=5, q_bound=10, mm_embeds=2, mm_positions=3, outputs=("N", "T"), logits=9,
 )  # fmt: skip
 # HeadProgram.forward(weights, h_prev, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens,
-# block_table, slot_mapping, state_indices, key_cache, value_cache, conv_states)
+# block_table, slot_mapping, state_indices, q_bound, key_cache, value_cache, conv_states)
 HEAD_ARGS = RaggedArgs(
     tokens={1: (0, 0), 2: (0, 0), 8: (0, -1)},
     seqs={7: (0, 0), 9: (0, -1)},
-    cu=5, seq_lens=6, mm_embeds=3, mm_positions=4, outputs=("T",),
+    cu=5, seq_lens=6, q_bound=10, mm_embeds=3, mm_positions=4, outputs=("T",),
 )  # fmt: skip
 
 
@@ -125,21 +143,24 @@ def _pad(x: torch.Tensor, dim: int, size: int, value: float) -> torch.Tensor:
     return torch.cat([x, torch.full(shape, value, dtype=x.dtype, device=x.device)], dim)
 
 
-def pad_ragged(args: list, spec: RaggedArgs, B: int, T: int) -> dict[int, torch.Tensor]:
-    """The ragged inputs of `args` padded to B sequences and T tokens (on each input's own device, no
-    sync: the real sizes come from shapes): arg index -> padded tensor."""
+def pad_ragged(args: list, spec: RaggedArgs, B: int, T: int, Q: int) -> dict[int, torch.Tensor]:
+    """The ragged inputs of `args` padded to B sequences, T tokens and q bound Q (on each input's own
+    device, no sync: the real sizes come from shapes): arg index -> padded tensor."""
     cu, seq_lens = args[spec.cu], args[spec.seq_lens]
-    num_seqs = seq_lens.shape[0]
+    num_seqs, max_q = seq_lens.shape[0], args[spec.q_bound].shape[0]
     first = next(iter(spec.tokens))
     num_tokens = args[first].shape[spec.tokens[first][0]]
     pad_seqs, pad_tokens = B - num_seqs, T - num_tokens
-    if pad_seqs < 0 or pad_tokens < 0 or (pad_tokens and not pad_seqs):
-        raise ValueError(f"cannot pad {num_seqs} sequences / {num_tokens} tokens to a ({B}, {T}) bucket")
+    if pad_seqs < 0 or pad_tokens < 0 or max_q > Q or pad_tokens > pad_seqs * Q:
+        raise ValueError(
+            f"cannot pad {num_seqs} sequences / {num_tokens} tokens / q {max_q} to a ({B}, {T}, {Q}) bucket"
+        )
     out = {i: _pad(args[i], d, T, v) for i, (d, v) in spec.tokens.items()}
     out.update({i: _pad(args[i], d, B, v) for i, (d, v) in spec.seqs.items()})
-    q_lens = torch.zeros(pad_seqs, dtype=torch.int32, device=cu.device)
-    if pad_seqs:
-        q_lens[-1] = pad_tokens  # the last padding sequence holds every padding token
+    full, rest = divmod(pad_tokens, Q)  # padding sequences of Q tokens, one of the rest, then empty ones
+    q_list = [Q] * full + ([rest] if rest else [])
+    q_lens = torch.tensor(q_list + [0] * (pad_seqs - len(q_list)), dtype=torch.int32, device=cu.device)
+    out[spec.q_bound] = args[spec.q_bound].new_zeros(Q)
     out[spec.cu] = torch.cat([cu, cu[-1:] + q_lens.cumsum(0, dtype=torch.int32)])
     out[spec.seq_lens] = torch.cat([seq_lens, q_lens.to(seq_lens.device)])
     # The media splice's dummy row aims at position T (no media in a graphed step).
@@ -159,6 +180,7 @@ def empty_batch(args: list, spec: RaggedArgs) -> list:
         out[i] = args[i].narrow(d, 0, 0)
     out[spec.cu] = args[spec.cu][:1] * 0
     out[spec.seq_lens] = args[spec.seq_lens][:0]
+    out[spec.q_bound] = args[spec.q_bound][:0]
     if spec.logits is not None:
         out[spec.logits] = args[spec.logits][:0]
     return out
@@ -198,6 +220,7 @@ class StepGraphs:
         device: torch.device,
         batch: tuple[int, ...],
         tokens: tuple[int, ...],
+        qs: tuple[int, ...],
         *,
         use_graphs: bool,
         pad_eager: bool = False,
@@ -206,17 +229,17 @@ class StepGraphs:
         if use_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the engine runs on {device}")
         self.program, self.spec, self.device = program, spec, device
-        self.batch, self.tokens = batch, tokens
+        self.batch, self.tokens, self.qs = batch, tokens, qs
         self.use_graphs, self.pad_eager = use_graphs, pad_eager
         self.pool = pool
         self.buckets: dict[Hashable, _Bucket] = {}
         self.stats = GraphStats()
 
-    def bucket(self, args: list) -> tuple[int, int] | None:
+    def bucket(self, args: list) -> tuple[int, int, int] | None:
         if not (self.use_graphs or self.pad_eager) or args[self.spec.mm_embeds].shape[0] != 1:
             return None
-        num_seqs = args[self.spec.seq_lens].shape[0]
-        return choose_bucket(num_seqs, self._num_tokens(args), self.batch, self.tokens)
+        num_seqs, max_q = args[self.spec.seq_lens].shape[0], args[self.spec.q_bound].shape[0]
+        return choose_bucket(num_seqs, self._num_tokens(args), max_q, self.batch, self.tokens, self.qs)
 
     def __call__(self, args: list, variant: Hashable = None) -> tuple[torch.Tensor, ...]:
         """The program's outputs (a tuple) for `args`; ragged inputs may be host tensors."""
@@ -224,14 +247,15 @@ class StepGraphs:
         if bucket is None:
             self.stats.eager += 1
             return _as_tuple(self.program(*[_to(a, self.device) for a in args]))
-        B, T = bucket
-        key = (variant, B, T)
-        entry = self.buckets.get(key) or self._make(key, args, B, T)
+        B, T, Q = bucket
+        key = (variant, B, T, Q)
+        entry = self.buckets.get(key) or self._make(key, args, B, T, Q)
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor) and a is not entry.args[i]:
                 raise RuntimeError(f"argument {i} is not the object bucket {key} was made with")
-        for i, x in pad_ragged(args, self.spec, B, T).items():
-            entry.args[i].copy_(x, non_blocking=True)
+        for i, x in pad_ragged(args, self.spec, B, T, Q).items():
+            if i != self.spec.q_bound:  # its contents are never read, only its length
+                entry.args[i].copy_(x, non_blocking=True)
         if entry.graph is not None:
             entry.graph.replay()
             outputs = entry.outputs
@@ -249,11 +273,11 @@ class StepGraphs:
         return args[i].shape[self.spec.tokens[i][0]]
 
     @torch.no_grad()
-    def _make(self, key: Hashable, args: list, B: int, T: int) -> _Bucket:
+    def _make(self, key: Hashable, args: list, B: int, T: int, Q: int) -> _Bucket:
         """The bucket's static buffers, holding a batch of padding only (it writes no cache or state,
         so the warm-up runs are harmless), and in graph mode the captured graph."""
         static = [_to(a, self.device) for a in empty_batch(args, self.spec)]
-        for i, x in pad_ragged(empty_batch(args, self.spec), self.spec, B, T).items():
+        for i, x in pad_ragged(empty_batch(args, self.spec), self.spec, B, T, Q).items():
             static[i] = x.to(self.device).clone()
         entry = _Bucket(static)
         if self.use_graphs:

@@ -72,6 +72,10 @@ def choose_config(
         # (H200, bench/results/attention.md: decode block_n 128 beat 64 by 1.1-2x; verify 64 beat 128)
         heads = group
         block_q = max(triton.next_power_of_2(max_seqlen_q), triton.cdiv(16, group))
+        if (
+            block_q == 8 and group <= 8
+        ):  # H200, Triton 3.6: ptxas spent 180-260 s on this variant (group 8, block_n 64)
+            block_q = 16
         block_n = 16 if small else (128 if max_seqlen_q == 1 else 64)
         num_warps, num_stages = 4, 2
     else:

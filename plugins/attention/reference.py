@@ -63,6 +63,8 @@ def sheared_bias_attention(
     for b, seq_len in enumerate(lens):
         start, end = cu[b], cu[b + 1]
         q_len = end - start
+        if q_len > max_seqlen_q:
+            raise ValueError(f"sequence {b} has {q_len} new tokens, more than max_seqlen_q={max_seqlen_q}")
         if q_len == 0:
             continue
         first = seq_len - q_len

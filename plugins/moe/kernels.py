@@ -47,7 +47,8 @@ def route_kernel(
     p = p / tl.sum(p, axis=0)
     for s in tl.static_range(NUM_SHARED):
         tl.store(route_w_ptr + t * KS + TOP_K + s, tl.sum(tl.where(offs == E + s, p, 0.0), axis=0))
-    pr = tl.where(offs < E, p, -1.0)
+    # NaN rows (a CUDA-graph bucket's padding rows may read garbage) still pick k distinct valid experts.
+    pr = tl.where(offs < E, tl.where(p == p, p, -0.5), -1.0)
     for j in tl.static_range(TOP_K):
         best = tl.max(pr, axis=0)
         idx = tl.min(tl.where(pr == best, offs, BLOCK_E), axis=0)  # ties: the lower index

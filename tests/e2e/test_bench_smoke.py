@@ -6,10 +6,27 @@ from bench.e2e import main
 
 
 def test_e2e_benchmark_smoke(tmp_path):
-    argv = ["--preset", "inkling-tiny", "--device", "cpu", "--prompt_len", "96", "--output_len", "4",
-            "--batches", "1,2", "--reference_tokens", "1", "--out", str(tmp_path)]  # fmt: skip
+    argv = ["--preset", "inkling-tiny", "--device", "cpu", "--prompt_len", "96", "--output_len", "14",
+            "--batches", "1,2", "--profile_batch", "2", "--reference_tokens", "1", "--reference_peers", "eager",
+            "--out", str(tmp_path)]  # fmt: skip
     assert main(argv) == 0
     r = json.loads((tmp_path / "results.json").read_text())
     assert set(r["ttft_s"]) == {"low", "mixed", "high"} and set(r["decode"]) == {"1", "2"}
+    assert r["decode"]["1"]["tokens_per_request"] == 14 and r["decode"]["1"]["decode_steps_timed"] == 13
+    assert r["decode"]["2"]["decode_steps_timed"] == 13 - 4  # 4 steps profiled, not timed
     assert all(d["throughput_tokens_per_s"] > 0 for d in r["decode"].values())
+    assert r["reference"]["eager"]["s_per_token"] > 0
+    assert "4 decode steps at batch 2" in (tmp_path / "profile_batch2.txt").read_text()
     assert "time to first token" in (tmp_path / "results.md").read_text()
+
+
+def test_tp_benchmark_smoke(tmp_path):
+    """bench.tp on the CPU: tp 1 in memory, tp 2 saved, loaded and run by its two ranks; same tokens."""
+    from bench.tp import main as tp_main
+
+    argv = ["--preset", "inkling-tiny", "--device", "cpu", "--tp", "2", "--context", "48", "--tokens", "4",
+            "--work", str(tmp_path / "engines"), "--out", str(tmp_path)]  # fmt: skip
+    assert tp_main(argv) == 0
+    r = json.loads((tmp_path / "results.json").read_text())
+    assert r["runs"]["2"]["tokens_equal_tp1"] and r["runs"]["2"]["tokens_per_request"] == 4
+    assert not (tmp_path / "engines" / "tp2").exists()  # removed after the run

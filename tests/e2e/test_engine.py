@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from builder import BuildConfig, Engine, EngineError, EngineRunner, Prompt, build
+from builder import ENGINE_FORMAT_VERSION, BuildConfig, Engine, EngineError, EngineRunner, Prompt, build
 
 from .conftest import SMALL
 
@@ -70,7 +70,11 @@ def test_engine_reloaded_in_a_fresh_process_gives_the_same_logits(engine_f32, pr
 def test_engine_is_self_describing(engine_f32):
     _, path = engine_f32
     config = json.loads((path / "config.json").read_text())
-    assert config["version"] == 1 and config["device"] == "cpu" and config["dtype"] == "float32"
+    assert (
+        config["version"] == ENGINE_FORMAT_VERSION
+        and config["device"] == "cpu"
+        and config["dtype"] == "float32"
+    )
     assert config["plugin_config"]["ops"]["expert_sink_moe"]["weight_layout_version"] == 1
     assert config["quantization"]["quant_algo"] == "NVFP4"
     assert set(config["files"]) >= {"rank0.safetensors", "rank0.step.pt2", "tokenizer.json"}

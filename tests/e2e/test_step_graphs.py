@@ -15,6 +15,8 @@ from runtime.step_graphs import (
     choose_bucket,
     empty_batch,
     pad_ragged,
+    program_max_batch,
+    q_buckets,
     token_buckets,
 )
 
@@ -29,14 +31,19 @@ def test_buckets():
     tokens = token_buckets(4, 9, 512)
     assert tokens == (1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36)
     assert token_buckets(64, 9, 100)[-1] == 100  # capped by max_num_tokens
-    b, t = batch_buckets(4), tokens
-    assert choose_bucket(1, 1, b, t) == (1, 1)  # plain decode, batch 1
-    assert choose_bucket(3, 3, b, t) == (4, 4)  # a padding sequence holds the padding token
-    assert choose_bucket(4, 4, b, t) == (4, 4)
-    assert choose_bucket(2, 10, b, t) == (4, 12)  # ragged drafts: 10 tokens -> 12, needs a padding seq
-    assert choose_bucket(4, 16, b, t) == (4, 16)  # a full batch, 3 drafts each
-    assert choose_bucket(4, 13, b, t) is None  # a full batch of ragged drafts: no padding seq, eager
-    assert choose_bucket(1, 40, b, t) is None  # beyond the largest bucket (a prefill chunk)
+    assert q_buckets(9) == (1, 2, 4, 8, 9) and q_buckets(1) == (1,)
+    b, t, q = batch_buckets(4), tokens, q_buckets(9)
+    assert choose_bucket(1, 1, 1, b, t, q) == (1, 1, 1)  # plain decode, batch 1
+    assert choose_bucket(3, 3, 1, b, t, q) == (4, 4, 1)  # a padding sequence holds the padding token
+    assert choose_bucket(4, 4, 1, b, t, q) == (4, 4, 1)
+    assert choose_bucket(2, 10, 9, b, t, q) == (4, 12, 9)  # ragged drafts: 10 tokens -> 12, a padding seq
+    assert choose_bucket(2, 10, 7, b, t, q) == (4, 12, 8)
+    assert choose_bucket(4, 16, 4, b, t, q) == (4, 16, 4)  # a full batch, 3 drafts each
+    assert choose_bucket(4, 13, 4, b, t, q) is None  # a full batch of ragged drafts: no padding seq, eager
+    assert choose_bucket(1, 40, 40, b, t, q) is None  # beyond the largest bucket (a prefill chunk)
+    # Decode at batch 5 of 8: 3 padding tokens need 3 padding sequences of one token (q bound 1).
+    assert choose_bucket(5, 5, 1, batch_buckets(8), token_buckets(8, 9, 512), q) == (8, 8, 1)
+    assert choose_bucket(5, 5, 1, batch_buckets(6), token_buckets(6, 9, 512), q) == (6, 6, 1)
 
 
 def _step_args(B: int, T: int, q_lens: list[int], G: int = 2, MB: int = 4, H: int = 8) -> list:
@@ -52,6 +59,7 @@ def _step_args(B: int, T: int, q_lens: list[int], G: int = 2, MB: int = 4, H: in
         torch.arange(100, 100 + G * T).view(G, T),
         torch.arange(B, dtype=torch.int32),
         cu[1:].long() - 1,
+        torch.zeros(max(q_lens), dtype=torch.int8),
         [],
         [],
         [],
@@ -60,7 +68,7 @@ def _step_args(B: int, T: int, q_lens: list[int], G: int = 2, MB: int = 4, H: in
 
 def test_pad_ragged_layout():
     args = _step_args(3, 5, [1, 1, 3])
-    p = pad_ragged(args, STEP_ARGS, 4, 8)
+    p = pad_ragged(args, STEP_ARGS, 4, 8, 4)
     assert p[4].tolist() == [0, 1, 2, 5, 8]  # the padding sequence holds the 3 padding tokens
     assert p[5].tolist() == [11, 11, 13, 3]  # its seq_len = its q_len: reads positions 0..2 only
     assert p[1].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
@@ -69,11 +77,20 @@ def test_pad_ragged_layout():
     assert torch.equal(p[7][:, :5], args[7]) and (p[7][:, 5:] == -1).all()  # no KV write
     assert p[8].tolist() == [0, 1, 2, -1]  # no sconv state
     assert p[9].tolist() == [0, 1, 4, 0, 0, 0, 0, 0]
-    assert pad_ragged(args, STEP_ARGS, 4, 5)[4].tolist() == [0, 1, 2, 5, 5]  # no padding tokens
+    assert p[10].shape == (4,)  # the q bound: the attention's tiles are chosen for 4 queries per sequence
+    assert pad_ragged(args, STEP_ARGS, 4, 5, 4)[4].tolist() == [0, 1, 2, 5, 5]  # no padding tokens
     with pytest.raises(ValueError, match="cannot pad"):
-        pad_ragged(args, STEP_ARGS, 3, 8)  # padding tokens but no padding sequence
-    only = pad_ragged(empty_batch(args, STEP_ARGS), STEP_ARGS, 2, 4)
-    assert only[4].tolist() == [0, 0, 4] and only[5].tolist() == [0, 4] and (only[7] == -1).all()
+        pad_ragged(args, STEP_ARGS, 3, 8, 4)  # padding tokens but no padding sequence
+    with pytest.raises(ValueError, match="cannot pad"):
+        pad_ragged(args, STEP_ARGS, 4, 8, 2)  # a sequence feeds 3 tokens, more than the bound
+    assert pad_ragged(args, STEP_ARGS, 4, 8, 3)[4].tolist() == [0, 1, 2, 5, 8]  # 3 padding tokens fit q 3
+    decode = _step_args(3, 3, [1, 1, 1])
+    p = pad_ragged(decode, STEP_ARGS, 8, 8, 1)  # 5 padding tokens, one per padding sequence
+    assert p[4].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8] and p[5].tolist() == [11, 11, 11, 1, 1, 1, 1, 1]
+    with pytest.raises(ValueError, match="cannot pad"):
+        pad_ragged(decode, STEP_ARGS, 4, 8, 1)  # 5 padding tokens of q 1 need 5 padding sequences
+    only = pad_ragged(empty_batch(args, STEP_ARGS), STEP_ARGS, 2, 4, 4)
+    assert only[4].tolist() == [0, 4, 4] and only[5].tolist() == [4, 0] and (only[7] == -1).all()
 
 
 def _snapshot(runner) -> list[torch.Tensor]:
@@ -97,18 +114,18 @@ def test_a_batch_of_padding_writes_nothing(engine_f32):
     before = _snapshot(runner)
     c = runner.config
     step = _step_args(1, 1, [1], runner.num_groups, runner.build.max_blocks_per_seq, c.hidden_size)
-    step = [runner.weights, *step[1:10], runner.key_caches, runner.value_caches, runner.conv_states]
+    step = [runner.weights, *step[1:11], runner.key_caches, runner.value_caches, runner.conv_states]
     padded = empty_batch(step, STEP_ARGS)
-    for i, x in pad_ragged(padded, STEP_ARGS, 4, 12).items():
+    for i, x in pad_ragged(padded, STEP_ARGS, 4, 12, 4).items():
         padded[i] = x
     runner.step(*padded)
     head = [
         runner.head_weights[0], torch.zeros(1, c.hidden_size), step[1], step[2], step[3], step[4], step[5],
-        step[6][0], step[7][0], step[8], runner.head_key_caches[0], runner.head_value_caches[0],
+        step[6][0], step[7][0], step[8], step[10], runner.head_key_caches[0], runner.head_value_caches[0],
         runner.head_conv_states[0],
     ]  # fmt: skip
     padded = empty_batch(head, HEAD_ARGS)
-    for i, x in pad_ragged(padded, HEAD_ARGS, 2, 8).items():
+    for i, x in pad_ragged(padded, HEAD_ARGS, 2, 8, 4).items():
         padded[i] = x
     runner.head(*padded)
     assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(runner)))
@@ -170,16 +187,44 @@ def test_padded_steps_equal_unpadded(engine_f32, unpadded):
     assert worst < 1e-5, worst
 
 
-def test_full_batch_of_ragged_drafts_pads_to_a_larger_program_batch(engine_f32, unpadded):
-    """Where the programs take one sequence more than the scheduler runs (here: the scheduler held to 3
-    of the engine's 4), a full batch with ragged draft counts is padded with that extra sequence."""
+def test_full_batch_of_ragged_drafts_pads_to_the_programs_extra_sequence(engine_f32, unpadded):
+    """The step and head programs take max_batch_size + 1 sequences (builder.build.program_batch), so a
+    full batch with ragged draft counts (k = 0, 1, 3, 8 at max_batch_size 4) is padded with that extra
+    sequence instead of running eagerly."""
     requests, base = unpadded
     eng = LLMEngine(engine_f32[0], pad_eager=True)
-    eng.scheduler.max_batch_size = 3
+    full = eng.runner.build.max_batch_size
+    assert full == len(requests)
+    assert program_max_batch(eng.runner.engine.programs["step"]) == full + 1
     graphs = eng.runner.step_graphs
-    graphs.batch, graphs.tokens = batch_buckets(3, 4), token_buckets(3, 9, 512)
-    for rid, p, params in requests[1:]:  # k = 1, 3, 8
+    assert graphs.batch[-1] == full + 1
+    for rid, p, params in requests:
         eng.add_request(rid, p, params)
     outs = run_all(eng)
-    assert outs == {rid: base[rid] for rid, _, _ in requests[1:]}
-    assert any(b == 4 for _, b, _ in graphs.stats.buckets), graphs.stats.buckets
+    assert outs == base
+    assert any(b == full + 1 for _, b, _, _ in graphs.stats.buckets), graphs.stats.buckets
+
+
+def test_attention_tiles_follow_the_longest_sequence_not_the_batch(engine_f32, prompts, monkeypatch):
+    """The step passes its q_bound's length to the attention as max_seqlen_q: 1 in a decode step of 3
+    sequences, 1 + drafts in a verify step (not the step's T, which picked prefill tiles for decode batches
+    above 16 on the GPU)."""
+    from plugins.attention import reference
+    from runtime import LLM
+
+    seen, original = [], reference.sheared_bias_attention
+
+    def recording(q, *args):
+        seen.append((q.shape[0], args[7]))  # (T, max_seqlen_q)
+        return original(q, *args)
+
+    monkeypatch.setattr(reference, "sheared_bias_attention", recording)
+    llm = LLM(engine_f32[0])
+    plain = SamplingParams(max_tokens=4, ignore_eos=True)
+    llm.generate([prompt_input(llm, p) for p in prompts[:3]], plain)
+    assert {m for T, m in seen if T == 3} == {1}, seen  # the decode steps of 3 sequences
+    seen.clear()
+    drafting = SamplingParams(max_tokens=6, num_draft_tokens=3, ignore_eos=True)
+    llm.generate([prompt_input(llm, p) for p in prompts[1:3]], [plain, drafting])
+    verify = [(T, m) for T, m in seen if T == 5]  # one decode token beside a verify of 1 + 3 drafts
+    assert verify and {m for _, m in verify} == {4}, seen

@@ -37,7 +37,9 @@ MAX_TOKENS = 6
 
 
 def build_config(tp_size: int) -> BuildConfig:
-    plugins = PluginConfig(collectives=COLLECTIVES)
+    plugins = PluginConfig(
+        collectives=COLLECTIVES, tune=False
+    )  # tuning compiles minutes of variants on the GPU
     return BuildConfig(**SIZES, device=DEVICE, tp_size=tp_size, plugin_config=plugins)
 
 
@@ -215,6 +217,35 @@ class TestTensorParallelLLM:
             llm.engine.draft_override = None
         assert got == plain
         assert 0 < llm.engine.acceptance.acceptance_rate < 1, llm.engine.acceptance.acceptance_rates
+
+
+def test_step_graphs_on_every_rank(engine_dirs, baseline):
+    """Decode/verify steps from the (batch, tokens) buckets on both ranks of tp 2: CUDA graphs on the GPU
+    (the collectives captured inside), their padding run eagerly on the CPU. The ranks must pad alike or
+    their collectives would not meet; greedy tokens equal tp 1's, plain and with MTP drafts cut at random
+    (ragged accepted counts, rollbacks on every rank)."""
+    if DEVICE == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("tp_size 2 needs 2 GPUs")
+    llm = LLM(engine_dirs[2], cuda_graphs=DEVICE == "cuda", pad_eager=DEVICE != "cuda")
+    try:
+        want = baseline[0]
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == want[:3]
+        params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_draft_tokens=2)
+        prompts = [llm.prepare(p) for p in PROMPTS]
+        plain = {f"r{i}": want[i] for i in range(3)}
+        llm.engine.draft_override = Oracle(plain, {f"r{i}": len(p.input_ids) for i, p in enumerate(prompts)})
+        for i, p in enumerate(prompts):
+            llm.engine.add_request(f"r{i}", p, params)
+        got: dict[str, list[int]] = {rid: [] for rid in plain}
+        while llm.engine.has_unfinished():
+            for d in llm.engine.step():
+                got[d.request_id] += d.token_ids
+        assert got == plain
+        stats = llm.engine.runner.graph_stats()
+        assert stats["step_graphed"] >= 5, stats
+    finally:
+        llm.shutdown()
+    assert all(p.poll() == 0 for p in llm.workers.procs)
 
 
 def test_wrong_world_size_is_refused(engine_dirs):

@@ -21,3 +21,18 @@ def test_more_experts_cost_more_bytes_and_prefill_grows_with_context():
     more = decode_step_bytes(c, 8192, distinct_experts=49).total
     assert more == pytest.approx(decode_step_bytes(c, 8192).total + extra)
     assert prefill_flops(c, 2048) < prefill_flops(c, 4096) / 1.9
+
+
+def test_bytes_per_gpu_under_tensor_parallelism():
+    """tp 2 and 4: everything a rank slices halves/quarters; the router and lm_head are read whole by
+    every rank. inkling-bench has 8 KV heads, so its KV splits too; with 1 KV head it is replicated."""
+    c = preset("inkling-bench")
+    whole = decode_step_bytes(c, 8192)
+    router = c.num_hidden_layers * c.num_router_outputs * c.hidden_size * 2
+    for n in (2, 4):
+        per_gpu = decode_step_bytes(c, 8192, tp_size=n)
+        assert per_gpu.lm_head == whole.lm_head
+        assert per_gpu.kv == pytest.approx(whole.kv / n)
+        assert per_gpu.weights == pytest.approx((whole.weights - router) / n + router)
+    one_kv_head = c.replace(num_key_value_heads=1)
+    assert decode_step_bytes(one_kv_head, 8192, tp_size=4).kv == decode_step_bytes(one_kv_head, 8192).kv
