@@ -1,6 +1,7 @@
 """Tensor parallelism on the GPU host: greedy tokens and decode speed of tp_size N against tp_size 1.
 
     python -m bench.tp --preset inkling-bench --tp 2 --work /tmp/tp --out DIR [--cuda_graphs]   # 2 GPUs
+    python -m bench.tp --preset inkling-bench --layers 2 ...   # a 22 GB engine: saved and loaded 3x sooner
     python -m bench.tp --preset inkling-tiny --device cpu --tp 2 --context 64 --tokens 4 --work DIR --out DIR
 
 One prompt (the mixed tier of bench/e2e.py) of `--context` tokens, greedy, batch 1:
@@ -79,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="inkling-bench")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tp", default="2", help="tensor-parallel sizes to compare with tp_size 1")
+    ap.add_argument(
+        "--layers", type=int, help="fewer layers than the preset (a smaller engine to save and load)"
+    )
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--decode_budget_s", type=float, default=60.0)
@@ -93,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    config, _ = synth_config(args.preset, mtp_heads=0, nvfp4=True)
+    config, _ = synth_config(args.preset, layers=args.layers, mtp_heads=0, nvfp4=True)
     prompt = tier_prompts(build_tokenizer(), config.token_id("bos"), args.context)["mixed"]
     results: dict = {
         "command": " ".join(["python", "-m", "bench.tp", *(sys.argv[1:] if argv is None else argv)]),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "date": time.strftime("%Y-%m-%d"),
-        "preset": args.preset,
+        "preset": args.preset + (f" with {args.layers} layers" if args.layers else ""),
         "cuda_graphs": args.cuda_graphs,
         "collectives": args.collectives,
         "runs": {},

@@ -154,8 +154,12 @@ class PipelineModel:
     def _generate(self, request: Any, sender: Any, prompt: list, stream: bool) -> None:
         params = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in PARAMS) if t is not None]
         rid = uuid.uuid4().hex
+        mode = [tensor("stream", [stream], np.bool_)]  # not streamed: inkling sends one response at the end
         responses = pb_utils.InferenceRequest(
-            model_name="inkling", inputs=prompt + params, requested_output_names=list(OUTPUTS), request_id=rid
+            model_name="inkling",
+            inputs=prompt + params + mode,
+            requested_output_names=list(OUTPUTS),
+            request_id=rid,
         ).exec(decoupled=True)
         total, cancelled, checked_at = None, False, time.monotonic()
         for r in responses:

@@ -8,6 +8,7 @@ while engine.has_unfinished():
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,20 @@ class StreamDelta:
     acceptance_rate: float = 0.0
     error: str | None = None
     metrics: dict[str, float] | None = None  # on the final delta: ttft_s, itl_s (mean), e2e_s, tokens_per_s
+
+    def merge(self, later: StreamDelta) -> StreamDelta:
+        """This delta followed by `later` of the same request, as one: text and tokens joined, the rest
+        (counts, acceptance, finish, metrics) as of `later`."""
+        if later.request_id != self.request_id:
+            raise ValueError(f"cannot merge deltas of {self.request_id} and {later.request_id}")
+        logprobs = (
+            None
+            if self.logprobs is None and later.logprobs is None
+            else (self.logprobs or []) + (later.logprobs or [])
+        )
+        return dataclasses.replace(
+            later, text=self.text + later.text, token_ids=self.token_ids + later.token_ids, logprobs=logprobs
+        )
 
 
 @dataclass

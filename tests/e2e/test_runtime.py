@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import random
 
 import pytest
@@ -184,6 +186,12 @@ def test_stream_equals_generate(llm, prompts):
     m = deltas[-1].metrics
     assert 0 < m["ttft_s"] <= m["e2e_s"] and m["itl_s"] > 0 and m["tokens_per_s"] > 0
     assert whole.metrics["tokens_per_s"] > 0 and llm.engine.metrics()["mean_ttft_s"] > 0
+    # Deltas merged (how the Triton model coalesces a request's queued deltas) give the whole.
+    merged = functools.reduce(lambda a, b: a.merge(b), deltas)
+    assert (merged.text, merged.token_ids, merged.finish_reason) == (whole.text, whole.token_ids, "length")
+    assert merged.completion_tokens == 6 and merged.metrics == deltas[-1].metrics
+    with pytest.raises(ValueError, match="cannot merge"):
+        deltas[0].merge(dataclasses.replace(deltas[1], request_id="other"))
 
 
 def test_invalid_requests_get_clear_errors(llm):

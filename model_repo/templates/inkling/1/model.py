@@ -2,7 +2,8 @@
 
 execute() only parses and submits: the engine thread steps every request in flight together and
 hands each delta to `on_delta`, which queues it; one sender thread turns deltas into responses, so
-the engine never waits on Triton. The sender also notices cancelled requests (client cancel or
+the engine never waits on Triton. Where the sender falls behind, the deltas of a request queued by
+then go out as one response; a request with `stream` false gets one response at its end. The sender also notices cancelled requests (client cancel or
 disconnect) and aborts them in the runtime, which frees their cache blocks at once, and publishes
 the cache statistics as gauges on Triton's metrics endpoint. An engine built with tp_size N runs on N
 ranks: the LLM inside the loop is rank 0 and starts the other N-1 as worker processes
@@ -48,6 +49,8 @@ REQUEST_GAUGES = ("running", "waiting")
 class InFlight:
     sender: Any
     triton_id: str
+    stream: bool = True
+    pending: StreamDelta | None = None  # not streamed: the deltas so far, merged
     checked_at: float = field(default_factory=time.monotonic)
     cancelled: bool = False
 
@@ -82,9 +85,10 @@ class TritonPythonModel:
                     sender.send(flags=FINAL)
                     continue
                 prompt, params = self._parse(request)
+                stream = bool(scalar(request, "stream", True, bool))
                 rid = uuid.uuid4().hex
                 with self.lock:
-                    self.in_flight[rid] = InFlight(sender, request.request_id())
+                    self.in_flight[rid] = InFlight(sender, request.request_id(), stream)
                 try:
                     self.loop.submit(rid, prompt, params, self.outbox.put)
                 except BaseException:
@@ -152,20 +156,37 @@ class TritonPythonModel:
         next_metrics = 0.0
         while True:
             try:
-                delta = self.outbox.get(timeout=CANCEL_CHECK_S)
+                first = self.outbox.get(timeout=CANCEL_CHECK_S)
             except queue.Empty:
-                delta = False
-            if delta is None:
+                first = False
+            if first is None:
                 return
+            deltas, stop = self._drain(first) if first else ([], False)
             try:
-                if delta:
+                for delta in deltas:
                     self._send(delta)
+                if stop:
+                    return
                 self._check_cancelled()
                 if time.monotonic() >= next_metrics:
                     self._publish_metrics()
                     next_metrics = time.monotonic() + METRICS_PERIOD_S
             except Exception as e:  # keep sending to the other requests
                 pb_utils.Logger.log_error(f"inkling sender: {type(e).__name__}: {e}")
+
+    def _drain(self, first: StreamDelta) -> tuple[list[StreamDelta], bool]:
+        """`first` and the deltas already queued behind it, those of one request merged into one (in
+        order: a request's final delta is its last); and whether the loop was told to stop."""
+        merged = {first.request_id: first}
+        while True:
+            try:
+                d = self.outbox.get_nowait()
+            except queue.Empty:
+                return list(merged.values()), False
+            if d is None:
+                return list(merged.values()), True
+            prev = merged.get(d.request_id)
+            merged[d.request_id] = d if prev is None else prev.merge(d)
 
     def _send(self, d: StreamDelta) -> None:
         with self.lock:
@@ -174,6 +195,11 @@ class TritonPythonModel:
                 del self.in_flight[d.request_id]
         if req is None or (req.cancelled and d.finish_reason is None):
             return
+        if not req.stream:
+            d = d if req.pending is None else req.pending.merge(d)
+            if d.finish_reason is None:
+                req.pending = d
+                return
         if d.finish_reason is None:
             req.sender.send(self._response(d))
         elif req.cancelled or req.sender.is_cancelled():

@@ -1,0 +1,48 @@
+#!/bin/bash
+# The GPU host's checks and runs, each sized for one device call of at most ten minutes.
+#
+#     bash bench/gpu_session.sh graphs      # 1 GPU: CUDA-graph engine tests (bf16), engine vs reference, MTP bench
+#     bash bench/gpu_session.sh e2e         # 1 GPU: bench.e2e on inkling-bench with CUDA graphs, batches 1..64
+#     bash bench/gpu_session.sh tp          # 2 GPUs: tensor-parallel tests (NCCL, Lamport), bench.tp on 2 layers
+#
+# Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
+# with torch and Triton: the project runs from this checkout on PYTHONPATH, never from a fresh venv.
+# Every pytest run dumps its stacks after 60 s in one test (faulthandler), so a slow compile or a hang
+# says where it is.
+set -u
+export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+OUT=${OUT:-build/gpu-out}
+mkdir -p "$OUT"
+PYTEST=(python3 -X faulthandler -m pytest -q -s -p no:cacheprovider -o faulthandler_timeout=60)
+
+run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, record the exit code
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "rc $?" >>"$OUT/$name.log"
+    echo "== $name: $(tail -n 1 "$OUT/$name.log")"
+}
+
+case "${1:-}" in
+graphs)
+    run graphs_test 200 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "cuda_graphs and bfloat16"
+    run engine_gpu 200 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "not float32 and not cuda_graphs"
+    run mtp 180 python3 -m bench.mtp --device cuda --cuda_graphs --out "$OUT/mtp"
+    ;;
+e2e)
+    run e2e 560 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 1024 \
+        --batches 1,8,32,64 --decode_budget_s 40 --profile_batch 1 --reference_peers eager \
+        --reference_timeout_s 90 --out "$OUT/e2e"
+    ;;
+tp)
+    INKLING_TP_DEVICE=cuda run tp_nccl 200 "${PYTEST[@]}" tests/e2e/test_tp.py -k "not triton_serves"
+    INKLING_TP_DEVICE=cuda INKLING_TP_COLLECTIVES=triton run tp_lamport 150 "${PYTEST[@]}" tests/e2e/test_tp.py \
+        -k "same_tokens or step_graphs"
+    run bench_tp 240 python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
+        --collectives triton --work /tmp/tp --out "$OUT/tp"
+    ;;
+*)
+    echo "usage: bash bench/gpu_session.sh {graphs|e2e|tp}" >&2
+    exit 2
+    ;;
+esac
