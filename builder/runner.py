@@ -44,7 +44,9 @@ class EngineRunner:
         self.layout = engine.config["cache_layout"]
         self.device = torch.device(device or engine.device)
         self.dtype = getattr(torch, engine.config["dtype"])
-        weights = {k: v.to(self.device) for k, v in engine.weights.items()}
+        # Sorted: torch.compile's graph takes the weights in the dict's order, and its compiler cache keys
+        # on that order, so the build (weights in memory) and a load (safetensors' order) must agree.
+        weights = {k: engine.weights[k].to(self.device) for k in sorted(engine.weights)}
         self.weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
         self.step = engine.programs["step"].module()
         if engine.build_config.compile if compile is None else compile:
