@@ -62,6 +62,7 @@ class ServeConfig:
     )  # the stubs' Python environment (prepare_stub_env)
     num_blocks: int = 0  # 0: the runtime's default
     engine_threads: int = 0  # torch threads of the engine loop (0: torch's default)
+    cuda_graphs: bool = False  # decode/verify steps replayed from CUDA graphs (CUDA engines)
     log_verbose: int = 0
 
     def __post_init__(self) -> None:
@@ -182,6 +183,7 @@ def template_values(cfg: ServeConfig) -> dict[str, str]:
         "engine_dir": os.path.abspath(cfg.engine_dir),
         "num_blocks": str(cfg.num_blocks),
         "engine_threads": str(cfg.engine_threads),
+        "cuda_graphs": "1" if cfg.cuda_graphs else "0",
         "max_text_bytes": str(cfg.max_text_bytes),
         "max_images": str(cfg.max_images),
         "max_audios": str(cfg.max_audios),
@@ -345,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stub-env", default=ServeConfig.stub_env, help="the stubs' venv, with NumPy 1")
     p.add_argument("--num-blocks", type=int, default=0, help="KV cache blocks (0: the runtime's default)")
     p.add_argument("--engine-threads", type=int, default=0, help="torch threads of the engine (0: default)")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="decode steps from CUDA graphs (CUDA engines; 6x on the H200)",
+    )
     p.add_argument("--log-verbose", type=int, default=0)
     args = p.parse_args(argv)
     cfg = ServeConfig(
@@ -361,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         stub_env=args.stub_env,
         num_blocks=args.num_blocks,
         engine_threads=args.engine_threads,
+        cuda_graphs=args.cuda_graphs,
         log_verbose=args.log_verbose,
     )
     server = TritonServer(cfg)

@@ -442,3 +442,16 @@ def test_metrics_endpoint(server):
     text = metrics(server)["_text"]
     assert 'nv_inference_request_success{model="ensemble_unary",version="1"}' in text
     assert 'inkling_kv_cache_blocks{kv_cache_block_type="total"}' in text
+
+
+def test_repository_carries_the_engine_options(engine_f32, tmp_path):
+    """`--cuda-graphs` and the engine's other options reach the `inkling` model's parameters."""
+    from model_repo.serve import fill_repository
+
+    for graphs, want in ((False, "0"), (True, "1")):
+        cfg = ServeConfig(
+            engine_dir=str(engine_f32[1]), work_dir=str(tmp_path), cuda_graphs=graphs, num_blocks=77
+        )
+        text = (fill_repository(cfg, tmp_path / "repo") / "inkling" / "config.pbtxt").read_text()
+        assert f'key: "cuda_graphs" value: {{ string_value: "{want}" }}' in text
+        assert 'key: "num_blocks" value: { string_value: "77" }' in text
