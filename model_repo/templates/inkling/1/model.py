@@ -3,7 +3,8 @@
 execute() only parses and submits: the engine thread steps every request in flight together and
 hands each delta to `on_delta`, which queues it; one sender thread turns deltas into responses, so
 the engine never waits on Triton. Where the sender falls behind, the deltas of a request queued by
-then go out as one response; a request with `stream` false gets one response at its end. The sender also notices cancelled requests (client cancel or
+then go out as one response (never a request's first delta: the first token goes out alone); a
+request with `stream` false gets one response at its end. The sender also notices cancelled requests (client cancel or
 disconnect) and aborts them in the runtime, which frees their cache blocks at once, and publishes
 the cache statistics as gauges on Triton's metrics endpoint. An engine built with tp_size N runs on N
 ranks: the LLM inside the loop is rank 0 and starts the other N-1 as worker processes
@@ -71,6 +72,7 @@ class TritonPythonModel:
         self.in_flight: dict[str, InFlight] = {}
         self.lock = threading.Lock()
         self.outbox: queue.Queue[StreamDelta | None] = queue.Queue()
+        self.started: set[str] = set()  # requests whose first delta was drained (sender thread only)
         self._init_metrics()
         self.sender = threading.Thread(target=self._send_loop, name="inkling-sender", daemon=True)
         self.sender.start()
@@ -176,18 +178,30 @@ class TritonPythonModel:
                 pb_utils.Logger.log_error(f"inkling sender: {type(e).__name__}: {e}")
 
     def _drain(self, first: StreamDelta) -> tuple[list[StreamDelta], bool]:
-        """`first` and the deltas already queued behind it, those of one request merged into one (in
-        order: a request's final delta is its last); and whether the loop was told to stop."""
-        merged = {first.request_id: first}
+        """`first` and the deltas already queued behind it, a request's later deltas merged into one (in
+        order: a request's final delta is its last; its first delta stays alone); and whether the loop
+        was told to stop."""
+        out: list[StreamDelta] = []
+        mergeable: dict[str, int] = {}  # request -> its entry in `out` that later deltas join
+        d: StreamDelta | None = first
         while True:
+            rid = d.request_id
+            if rid in mergeable:
+                out[mergeable[rid]] = out[mergeable[rid]].merge(d)
+            else:
+                if rid in self.started:
+                    mergeable[rid] = len(out)
+                out.append(d)
+            self.started.add(rid)
+            if d.finish_reason is not None:
+                self.started.discard(rid)
+                mergeable.pop(rid, None)
             try:
                 d = self.outbox.get_nowait()
             except queue.Empty:
-                return list(merged.values()), False
+                return out, False
             if d is None:
-                return list(merged.values()), True
-            prev = merged.get(d.request_id)
-            merged[d.request_id] = d if prev is None else prev.merge(d)
+                return out, True
 
     def _send(self, d: StreamDelta) -> None:
         with self.lock:
