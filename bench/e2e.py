@@ -13,7 +13,8 @@ a batch stops after `--output_len` tokens or `--decode_budget_s` seconds of deco
 first, and the table says how many tokens it ran); optionally a torch.profiler table of a few decode steps
 at `--profile_batch`; the reference model as a user would otherwise run it (eager, no cache: it recomputes
 the sequence for each token) and the same under torch.compile, each in its own process with a time limit
-after the engine is freed; and the bound of bench/bound.py. Writes results.json, results.md into --out.
+after the engine is freed; and the bound of bench/bound.py. Writes results.json, results.md and e2e.png
+into --out.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         results["reference"][mode] = run_reference_peer(argv, args, mode)
         save()
     write_table(results, os.path.join(args.out, "results.md"))
+    plot({"this run": results}, os.path.join(args.out, "e2e.png"))
     print(open(os.path.join(args.out, "results.md")).read())
     return 0
 
@@ -280,6 +282,44 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
             results["decode"][batch]["graph_stats"] = llm.engine.runner.graph_stats()
         print(f"[bench] batch {batch}: {results['decode'][batch]}", flush=True)
         save()
+
+
+def plot(runs: dict[str, dict], path: str) -> None:
+    """Decode tokens/s per user and throughput against batch size, one line per run (results.json
+    dicts), with the batch-1 bound.
+
+        python -c "from bench.e2e import plot, load; plot({'eager': load('A'), 'graphs': load('B')}, 'e2e.png')"
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=90)
+    for label, r in runs.items():
+        batches = sorted(r["decode"], key=int)
+        x = [int(b) for b in batches]
+        left.plot(x, [r["decode"][b]["tokens_per_s_per_user"] for b in batches], marker="o", label=label)
+        right.plot(x, [r["decode"][b]["throughput_tokens_per_s"] for b in batches], marker="o", label=label)
+    bound = next(iter(runs.values()))["bound"]["tokens_per_s_per_user"]
+    left.axhline(bound, color="gray", linestyle="--", label=f"bound, batch 1 ({bound:.0f})")
+    for ax, what in ((left, "decode tokens/s per user"), (right, "throughput tokens/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch (8K-token prompts)")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=8)
+    first = next(iter(runs.values()))
+    fig.suptitle(f"{first['preset']} on {first['device']}")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
 
 
 def write_table(r: dict, path: str) -> None:

@@ -18,6 +18,7 @@ def test_e2e_benchmark_smoke(tmp_path):
     assert r["reference"]["eager"]["s_per_token"] > 0
     assert "4 decode steps at batch 2" in (tmp_path / "profile_batch2.txt").read_text()
     assert "time to first token" in (tmp_path / "results.md").read_text()
+    assert (tmp_path / "e2e.png").stat().st_size > 10_000
 
 
 def test_tp_benchmark_smoke(tmp_path):
