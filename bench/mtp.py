@@ -199,12 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     seq.drafts = []
     eng.draft_override = None
     eng.step()
-    w, h_prev, ids, _, _, _, seq_lens, block_table, slots, state, kc, vc, conv = head.args
+    w, h_prev, ids, _, _, _, seq_lens, block_table, slots, state, _, kc, vc, conv = head.args
     dev = h_prev.device
     one = (
         w, h_prev[-1:], ids[-1:], torch.zeros(1, config.hidden_size, dtype=h_prev.dtype, device=dev),
         torch.tensor([1], device=dev), torch.tensor([0, 1], dtype=torch.int32, device=dev), seq_lens[:1],
-        block_table[:1], slots[-1:], state[:1], kc, vc, conv,
+        block_table[:1], slots[-1:], state[:1], torch.zeros(1, dtype=torch.int8, device=dev), kc, vc, conv,
     )  # fmt: skip
     out["head"]["tokens"] = 1
     out["head"]["seconds"] = median_time(lambda: head.fn(*one), args.repeats, args.device)

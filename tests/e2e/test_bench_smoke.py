@@ -31,3 +31,25 @@ def test_tp_benchmark_smoke(tmp_path):
     r = json.loads((tmp_path / "results.json").read_text())
     assert r["runs"]["2"]["tokens_equal_tp1"] and r["runs"]["2"]["tokens_per_request"] == 4
     assert not (tmp_path / "engines" / "tp2").exists()  # removed after the run
+
+
+def test_mtp_benchmark_smoke(tmp_path):
+    """bench.mtp on the CPU at inkling-tiny: it replays the runtime's step and head programs with their
+    recorded inputs, so it breaks whenever their signatures change (as the GPU run would)."""
+    from bench.mtp import main as mtp_main
+
+    argv = [
+        "--preset",
+        "inkling-tiny",
+        "--device",
+        "cpu",
+        "--context",
+        "48",
+        "--repeats",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    assert mtp_main(argv) == 0
+    r = json.loads((tmp_path / "mtp.json").read_text())
+    assert set(r["verify"]) == {"0", "1", "3", "8"} and r["head"]["seconds"] > 0
