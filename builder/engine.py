@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,9 +148,12 @@ class Engine:
         config = dict(self.config)
         config["programs"] = sorted(ranks[0].programs)
         config["rank_programs"] = [sorted(part.programs) for _, part in sorted(ranks.items())]
+        paths = [os.path.join(d, name) for name in files]
+        with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:  # hashlib releases the GIL
+            digests = list(pool.map(_sha256, paths))
         config["files"] = {
-            name: {"size": os.path.getsize(os.path.join(d, name)), "sha256": _sha256(os.path.join(d, name))}
-            for name in files
+            name: {"size": os.path.getsize(path), "sha256": digest}
+            for name, path, digest in zip(files, paths, digests)
         }
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(config, f, indent=2)
