@@ -80,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output_len", type=int, default=1024)
     ap.add_argument("--batches", default="1,8,32,64", help="batch sizes of the decode throughput runs")
     ap.add_argument(
+        "--num_draft_tokens",
+        type=int,
+        default=0,
+        help="MTP drafts per step (the preset's 8 heads synthesized)",
+    )
+    ap.add_argument(
         "--decode_budget_s", type=float, default=120.0, help="decoding time per batch size at most"
     )
     ap.add_argument(
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    config, _ = synth_config(args.preset, mtp_heads=0, nvfp4=True)
+    config, _ = synth_config(args.preset, mtp_heads=8 if args.num_draft_tokens else 0, nvfp4=True)
     if args.reference_only:
         return reference_peer(args, config)
     results: dict = {
@@ -111,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "preset": args.preset,
         "cuda_graphs": args.cuda_graphs,
+        "num_draft_tokens": args.num_draft_tokens,
     }
     bound = decode_step_bytes(config, args.prompt_len + args.output_len // 2)
     results["bound"] = {
@@ -185,7 +192,8 @@ def decode_run(
     With `profile`, a few steps after the eighth are profiled (and not timed). Returns the figures and
     each request's tokens."""
     eng = llm.engine
-    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
+    drafts = getattr(args, "num_draft_tokens", 0)
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, num_draft_tokens=drafts)
     names = [f"b{i}" for i in range(len(prompts))]
     for name, ids in zip(names, prompts):
         eng.add_request(name, PromptInput(ids), params)
@@ -195,18 +203,22 @@ def decode_run(
         for d in eng.step():
             tokens[d.request_id] += d.token_ids
 
+    accepted_before = (eng.acceptance.steps, eng.acceptance.tokens)
     steps: list[float] = []
+    decoded = 0  # tokens of the timed steps, all requests (with MTP, up to 1 + drafts per step each)
     decoding_since = None
     while eng.has_unfinished():
         if profile and len(steps) == 8:
             profile_steps(step, args)
             profile = False
+        before = sum(len(t) for t in tokens.values())
         _, dt = timed(step)
         if decoding_since is None:
             if all(tokens.values()):
                 decoding_since = time.perf_counter()
             continue
         steps.append(dt)
+        decoded += sum(len(t) for t in tokens.values()) - before
         if time.perf_counter() - decoding_since > args.decode_budget_s:
             for name in names:
                 eng.abort_request(name)
@@ -220,9 +232,13 @@ def decode_run(
         "step_s_p10": tenths[0],
         "step_s_p90": tenths[-1],
         "step_s_first": steps[:8],
-        "tokens_per_s_per_user": 1 / median,
-        "throughput_tokens_per_s": len(prompts) / median,
+        # Tokens over the timed steps' total time: 1 / mean step without MTP.
+        "tokens_per_s_per_user": decoded / len(prompts) / sum(steps),
+        "throughput_tokens_per_s": decoded / sum(steps),
     }
+    if drafts:  # this run's MTP steps: tokens per step, bonus included
+        mtp_steps = eng.acceptance.steps - accepted_before[0]
+        figures["acceptance_length"] = (eng.acceptance.tokens - accepted_before[1]) / max(mtp_steps, 1)
     return figures, list(tokens.values())
 
 
@@ -255,7 +271,7 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
     bc = BuildConfig(
         max_batch_size=max(batches), max_input_len=args.prompt_len, max_seq_len=args.prompt_len + args.output_len,
         max_num_tokens=max(args.prompt_len, max(batches)), dtype="bfloat16", device=args.device,
-        plugin_config=PluginConfig(tune=args.device == "cuda"),
+        plugin_config=PluginConfig(tune=args.device == "cuda"), max_draft_len=args.num_draft_tokens or 8,
     )  # fmt: skip
     print(
         f"[bench] synthesizing {args.preset} with NVFP4 experts on {args.device}, building in memory",
@@ -326,7 +342,8 @@ def write_table(r: dict, path: str) -> None:
     b = r["bound"]
     lines = [
         f"Command: `{r['command']}`; device {r['device']}; date {r['date']}; preset {r['preset']}; "
-        f"build in memory {r['build_s']:.1f} s; CUDA graphs {'on' if r.get('cuda_graphs') else 'off'}.",
+        f"build in memory {r['build_s']:.1f} s; CUDA graphs {'on' if r.get('cuda_graphs') else 'off'}; "
+        f"MTP drafts per step {r.get('num_draft_tokens', 0)}.",
         "",
         "| measure | ours | bound | fraction of bound |",
         "|---|---|---|---|",
@@ -343,6 +360,8 @@ def write_table(r: dict, path: str) -> None:
             f"{per_user:.1f} | {b['tokens_per_s_per_user']:.0f} (batch 1) | {per_user / b['tokens_per_s_per_user']:.1%} |"
         )
         lines.append(f"| throughput tokens/s, batch {batch} | {d['throughput_tokens_per_s']:.1f} | | |")
+        if "acceptance_length" in d:
+            lines.append(f"| MTP acceptance length, batch {batch} | {d['acceptance_length']:.2f} | | |")
     ours = r["decode"][min(r["decode"], key=int)]["step_s_median"]
     for mode, peer in r["reference"].items():
         what = f"reference model, {mode} (recomputes the sequence per token)"

@@ -3,6 +3,7 @@
 #
 #     bash bench/gpu_session.sh graphs      # 1 GPU: CUDA-graph engine tests (bf16), engine vs reference, MTP bench
 #     bash bench/gpu_session.sh e2e         # 1 GPU: bench.e2e on inkling-bench with CUDA graphs, batches 1..64
+#     bash bench/gpu_session.sh e2e-mtp     # 1 GPU: the same with 3 MTP drafts per step (random heads)
 #     bash bench/gpu_session.sh tp          # 2 GPUs: tensor-parallel tests (NCCL, Lamport), bench.tp on 2 layers
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
@@ -34,6 +35,10 @@ e2e)
         --batches 1,8,32,64 --decode_budget_s 40 --profile_batch 1 --reference_peers eager \
         --reference_timeout_s 90 --out "$OUT/e2e"
     ;;
+e2e-mtp)
+    run e2e_mtp 500 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --num_draft_tokens 3 \
+        --output_len 512 --batches 1,8 --decode_budget_s 40 --reference_peers "" --out "$OUT/e2e-mtp"
+    ;;
 tp)
     INKLING_TP_DEVICE=cuda run tp_nccl 200 "${PYTEST[@]}" tests/e2e/test_tp.py -k "not triton_serves"
     INKLING_TP_DEVICE=cuda INKLING_TP_COLLECTIVES=triton run tp_lamport 150 "${PYTEST[@]}" tests/e2e/test_tp.py \
@@ -42,7 +47,7 @@ tp)
         --collectives triton --work /tmp/tp --out "$OUT/tp"
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|e2e|tp}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|e2e|e2e-mtp|tp}" >&2
     exit 2
     ;;
 esac

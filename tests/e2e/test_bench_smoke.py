@@ -21,6 +21,17 @@ def test_e2e_benchmark_smoke(tmp_path):
     assert (tmp_path / "e2e.png").stat().st_size > 10_000
 
 
+def test_e2e_benchmark_with_mtp_smoke(tmp_path):
+    """--num_draft_tokens: the preset's heads are synthesized, every step drafts; random heads accept
+    little, so tokens per step stay near 1 (acceptance length >= 1 by the bonus token)."""
+    argv = ["--preset", "inkling-tiny", "--device", "cpu", "--prompt_len", "64", "--output_len", "10",
+            "--batches", "2", "--num_draft_tokens", "2", "--reference_peers", "", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    d = json.loads((tmp_path / "results.json").read_text())["decode"]["2"]
+    assert d["tokens_per_request"] == 10 and 1.0 <= d["acceptance_length"] <= 3.0
+    assert "MTP acceptance length, batch 2" in (tmp_path / "results.md").read_text()
+
+
 def test_tp_benchmark_smoke(tmp_path):
     """bench.tp on the CPU: tp 1 in memory, tp 2 saved, loaded and run by its two ranks; same tokens."""
     from bench.tp import main as tp_main
