@@ -106,13 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="decode steps replayed from CUDA graphs (LLM(cuda_graphs=True))",
     )
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     config, _ = synth_config(args.preset, mtp_heads=8 if args.num_draft_tokens else 0, nvfp4=True)
     if args.reference_only:
         return reference_peer(args, config)
     results: dict = {
-        "command": " ".join(["python", "-m", "bench.e2e", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python", "-m", "bench.e2e", *argv]),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "date": time.strftime("%Y-%m-%d"),
         "preset": args.preset,
@@ -162,16 +163,9 @@ def reference_peer(args: argparse.Namespace, config) -> int:
     return 0
 
 
-def run_reference_peer(argv: list[str] | None, args: argparse.Namespace, mode: str) -> dict:
+def run_reference_peer(argv: list[str], args: argparse.Namespace, mode: str) -> dict:
     """Run a reference peer in its own process (its memory is freed with it; a slow compile is cut off)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.e2e",
-        *(sys.argv[1:] if argv is None else argv),
-        "--reference_only",
-        mode,
-    ]
+    cmd = [sys.executable, "-m", "bench.e2e", *argv, "--reference_only", mode]
     print(f"[bench] reference peer ({mode}), at most {args.reference_timeout_s:.0f} s", flush=True)
     start = time.perf_counter()
     try:

@@ -134,11 +134,12 @@ class LLM:
             rid = f"gen-{next(self._ids)}"
             self.engine.add_request(rid, self.prepare(prompt), p)
             ids.append(rid)
-        outs = {rid: RequestOutput(rid, "", [], None, 0, 0) for rid in ids}
+        merged: dict[str, StreamDelta | None] = dict.fromkeys(ids)
         while self.engine.has_unfinished():
             for d in self.engine.step():
-                _accumulate(outs[d.request_id], d)
-        return [outs[rid] for rid in ids]
+                so_far = merged[d.request_id]
+                merged[d.request_id] = d if so_far is None else so_far.merge(d)
+        return [_output(merged[rid]) for rid in ids]
 
     async def stream(
         self, prompt: PromptLike, params: SamplingParams | None = None
@@ -156,15 +157,12 @@ class LLM:
             await asyncio.sleep(0)
 
 
-def _accumulate(out: RequestOutput, d: StreamDelta) -> None:
-    out.text += d.text
-    out.token_ids += d.token_ids
-    out.finish_reason = d.finish_reason
-    out.prompt_tokens, out.completion_tokens = d.prompt_tokens, d.completion_tokens
-    if d.logprobs is not None:
-        out.logprobs = (out.logprobs or []) + d.logprobs
-    if d.metrics is not None:
-        out.metrics = d.metrics
+def _output(d: StreamDelta) -> RequestOutput:
+    """A request's deltas, merged (StreamDelta.merge), as its output."""
+    return RequestOutput(
+        d.request_id, d.text, d.token_ids, d.finish_reason, d.prompt_tokens, d.completion_tokens,
+        d.logprobs, d.metrics or {},
+    )  # fmt: skip
 
 
 class EngineLoop:

@@ -127,12 +127,12 @@ class ModelRunner(EngineRunner):
         tokens = token_buckets(
             bc.max_batch_size, 1 + bc.max_draft_len, min(bc.max_num_tokens, bc.max_seq_len)
         )
+        qs = q_buckets(1 + bc.max_draft_len)
         kw = dict(use_graphs=cuda_graphs, pad_eager=pad_eager)
         pool = torch.cuda.graph_pool_handle() if cuda_graphs else None  # one pool: one graph runs at a time
 
         def graphs(name: str, program, spec) -> StepGraphs:
             batch = batch_buckets(bc.max_batch_size, program_max_batch(self.engine.programs[name]))
-            qs = q_buckets(1 + bc.max_draft_len)
             return StepGraphs(program, spec, self.device, batch, tokens, qs, pool=pool, **kw)
 
         self.step_graphs = graphs("step", self.step, STEP_ARGS)

@@ -206,7 +206,7 @@ class GraphStats:
 
 class StepGraphs:
     """`program(*args)` of a ragged-batch program (the step or the MTP head program) replayed from CUDA
-    graphs per (variant, B_g, T_g) bucket; other calls run eager.
+    graphs per (variant, B_g, T_g, Q_g) bucket; other calls run eager.
 
     variant: what tells apart calls whose fixed arguments (weights, caches) differ, e.g. the MTP head.
     pool: a graph memory pool to share (torch.cuda.graph_pool_handle()); its own otherwise. One caller at
