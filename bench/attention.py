@@ -56,8 +56,16 @@ WORKLOADS = [
     ("prefill 32K sliding", 1, 32768, 32768, W),
 ]
 PREFILL_VARIANTS = [
-    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, num_warps=4, num_stages=3),
-    AttentionConfig(heads=1, block_q=128, block_n=32, num_splits=1, num_warps=8, num_stages=2),
+    # the default is scratch 64x64; other scratch tiles, and the old default (gather, 32x32)
+    AttentionConfig(
+        heads=1, block_q=128, block_n=64, num_splits=1, num_warps=8, num_stages=2, shear="scratch"
+    ),
+    AttentionConfig(
+        heads=1, block_q=64, block_n=32, num_splits=1, num_warps=4, num_stages=3, shear="scratch"
+    ),
+    AttentionConfig(
+        heads=1, block_q=32, block_n=32, num_splits=1, num_warps=2, num_stages=3, shear="scratch"
+    ),
     AttentionConfig(heads=1, block_q=32, block_n=32, num_splits=1, num_warps=2, num_stages=3),
 ]
 
@@ -261,7 +269,11 @@ def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: 
         if time.time() > deadline:
             break
         try:
-            variants[repr(cfg)] = bench(ours(x, cfg))
+            fn = ours(x, cfg)
+            diff = (fn().float() - out.float()).abs().max().item()
+            variants[repr(cfg)] = bench(fn)
+            row.setdefault("variant_max_abs_diff_vs_default", {})[repr(cfg)] = diff
+            log(f"   {cfg}: {variants[repr(cfg)]:.4f} ms, max |variant - default| = {diff:.3g}")
         except Exception as e:  # noqa: BLE001
             variants[repr(cfg)] = f"{type(e).__name__}: {str(e)[:120]}"
     row["variants"] = variants

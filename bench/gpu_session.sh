@@ -1,9 +1,11 @@
 #!/bin/bash
 # The GPU host's checks and runs, each sized for one device call of at most ten minutes.
 #
-#     bash bench/gpu_session.sh graphs      # 1 GPU: CUDA-graph engine tests (bf16), engine vs reference, MTP bench
+#     bash bench/gpu_session.sh graphs      # 1 GPU: CUDA-graph engine tests (bf16), engine vs reference
+#     bash bench/gpu_session.sh mtp         # 1 GPU: bench.mtp with CUDA graphs
 #     bash bench/gpu_session.sh e2e         # 1 GPU: bench.e2e on inkling-bench with CUDA graphs, batches 1..64
 #     bash bench/gpu_session.sh e2e-mtp     # 1 GPU: the same with 3 MTP drafts per step (random heads)
+#     bash bench/gpu_session.sh attn-e2e    # 1 GPU: attention tile tests + prefill variants, e2e batches 1 and 64
 #     bash bench/gpu_session.sh tp          # 2 GPUs: tensor-parallel tests (NCCL, Lamport), bench.tp on 2 layers
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
@@ -28,6 +30,8 @@ case "${1:-}" in
 graphs)
     run graphs_test 200 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "cuda_graphs and bfloat16"
     run engine_gpu 200 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "not float32 and not cuda_graphs"
+    ;;
+mtp)
     run mtp 180 python3 -m bench.mtp --device cuda --cuda_graphs --out "$OUT/mtp"
     ;;
 e2e)
@@ -39,6 +43,15 @@ e2e-mtp)
     run e2e_mtp 500 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --num_draft_tokens 3 \
         --output_len 512 --batches 1,8 --decode_budget_s 40 --reference_peers "" --out "$OUT/e2e-mtp"
     ;;
+attn-e2e)
+    # the attention tile variants on the GPU (the scratch shear among them), the prefill variants'
+    # times, then the e2e at batch 1 (with a kernel profile) and 64; everything comes back as one tarball
+    run attn_test 150 "${PYTEST[@]}" tests/kernels/test_attention.py -k "gpu and (tile_variants or bf16)"
+    run attn_bench 150 python3 bench/attention.py --only prefill --budget-s 120 --out "$OUT/attn"
+    run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 1024 \
+        --batches 1,64 --decode_budget_s 30 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
+    tar czf "$OUT.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT.tgz" "$OUT/attn-e2e.tgz"
+    ;;
 tp)
     INKLING_TP_DEVICE=cuda run tp_nccl 200 "${PYTEST[@]}" tests/e2e/test_tp.py -k "not triton_serves"
     INKLING_TP_DEVICE=cuda INKLING_TP_COLLECTIVES=triton run tp_lamport 150 "${PYTEST[@]}" tests/e2e/test_tp.py \
@@ -47,7 +60,7 @@ tp)
         --collectives triton --work /tmp/tp --out "$OUT/tp"
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|e2e|e2e-mtp|tp}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp}" >&2
     exit 2
     ;;
 esac

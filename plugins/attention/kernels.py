@@ -37,6 +37,8 @@ def _relative_band(
     BAND_3D: tl.constexpr,
     SINGLE_QUERY: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    scratch_ptr,  # this program's float32 [BLOCK_Q, BAND] scratch (SCRATCH only)
+    SCRATCH: tl.constexpr,
 ):
     """The sheared relative term of one tile: [M, BLOCK_N] float32."""
     offs_dr = tl.arange(0, DR)
@@ -73,6 +75,18 @@ def _relative_band(
         idx = tl.broadcast_to(col[None, :, :], [HEADS, BLOCK_Q, BLOCK_N])
         sheared = tl.gather(band, idx, axis=2)
         return tl.reshape(sheared, [HEADS * BLOCK_Q, BLOCK_N])
+    elif SCRATCH:
+        # HEADS == 1: the band goes through this program's scratch (L1/L2-resident) and comes back
+        # sheared: row a reads band columns a + BLOCK_N - 1 - b, a contiguous run, so both the store
+        # and the load are coalesced (tl.gather along a register axis lowers to warp shuffles).
+        c = tl.arange(0, BAND)
+        dist = tl.minimum(tl.maximum(d0 + c, 0), R - 1)
+        e_band = tl.load(e_ptr + head0 * stride_eh + dist[:, None] * stride_er + offs_dr[None, :])
+        band = tl.dot(r, tl.trans(e_band.to(r.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_Q, BAND]
+        tl.debug_barrier()  # the previous tile's reads are done before the band is overwritten
+        tl.store(scratch_ptr + a[:, None] * BAND + c[None, :], band)
+        tl.debug_barrier()  # the whole band is written before any thread reads it
+        return tl.load(scratch_ptr + a[:, None] * BAND + col)
     else:
         # Every head's band side by side ([HEADS * BAND] columns); a row gathers from its head's.
         n = tl.arange(0, HEADS * BAND)
@@ -130,6 +144,8 @@ def _attend_tile(
     SINGLE_QUERY: tl.constexpr,
     PAGE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    scratch_ptr,
+    SCRATCH: tl.constexpr,
 ):
     """One KV tile of the online softmax: returns the updated (m_i, l_i, acc)."""
     offs_d = tl.arange(0, D)
@@ -162,6 +178,8 @@ def _attend_tile(
             BAND_3D,
             SINGLE_QUERY,
             DOT_PRECISION,
+            scratch_ptr,
+            SCRATCH,
         )
         s += bias * LOG2E
 
@@ -194,6 +212,7 @@ def sheared_bias_attention_kernel(
     out_ptr,  # [T, Hq, D]
     o_part_ptr,  # float32 [num_splits, T, Hq, D] (split mode only)
     lse_part_ptr,  # float32 [num_splits, T, Hq], log2 domain (split mode only)
+    scratch_ptr,  # float32 [programs, BLOCK_Q, BAND] (SCRATCH only)
     stride_qt,
     stride_qh,
     stride_rt,
@@ -227,6 +246,7 @@ def sheared_bias_attention_kernel(
     PAGE: tl.constexpr,  # tokens per cache block
     SPLIT: tl.constexpr,  # num_splits > 1: write partial (o, lse) for split_kv_reduce_kernel
     DOT_PRECISION: tl.constexpr,
+    SCRATCH: tl.constexpr,  # shear the relative band through a per-program scratch (HEADS == 1)
     INTERPRET: tl.constexpr,
 ):
     M: tl.constexpr = HEADS * BLOCK_Q
@@ -236,6 +256,8 @@ def sheared_bias_attention_kernel(
     head0 = (tl.program_id(1) % heads_per_seq) * HEADS
     kv_head = head0 // GROUP
     split = tl.program_id(2)
+    program = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + split
+    scratch_ptr += program.to(tl.int64) * (BLOCK_Q * BAND)
 
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
@@ -327,6 +349,8 @@ def sheared_bias_attention_kernel(
                 SINGLE_QUERY,
                 PAGE,
                 DOT_PRECISION,
+                scratch_ptr,
+                SCRATCH,
             )
             t += 1
     else:
@@ -373,6 +397,8 @@ def sheared_bias_attention_kernel(
                 SINGLE_QUERY,
                 PAGE,
                 DOT_PRECISION,
+                scratch_ptr,
+                SCRATCH,
             )
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)

@@ -28,6 +28,9 @@ class AttentionConfig:
     num_splits: int
     num_warps: int = 4
     num_stages: int = 2
+    # How the relative band is sheared for one-head tiles: "gather" (tl.gather in registers) or
+    # "scratch" (through a per-program float32 scratch in global memory, L1/L2-resident).
+    shear: str = "gather"
 
     def __post_init__(self) -> None:
         for name in ("heads", "block_q", "block_n"):
@@ -38,6 +41,8 @@ class AttentionConfig:
             raise ValueError("AttentionConfig: heads*block_q and block_n must be at least 16 (tl.dot)")
         if not 1 <= self.num_splits <= MAX_SPLITS:
             raise ValueError(f"AttentionConfig.num_splits must be in 1..{MAX_SPLITS}")
+        if self.shear not in ("gather", "scratch"):
+            raise ValueError(f"AttentionConfig.shear must be 'gather' or 'scratch', got {self.shear!r}")
 
 
 @functools.cache
@@ -78,12 +83,15 @@ def choose_config(
             block_q = 16
         block_n = 16 if small else (128 if max_seqlen_q == 1 else 64)
         num_warps, num_stages = 4, 2
+        shear = "gather"
     else:
-        # (H200: 32x32 tiles with 2 warps were fastest of the four tried: the shear's gather spills less)
+        # One head per program; the relative band is sheared through a per-program scratch (with
+        # tl.gather, H200 2026-11-29: 32x32 tiles and 2 warps were best and still 11x SDPA's time)
         heads = 1
-        block_q = 16 if small else 32
-        block_n = 16 if small else 32
-        num_warps, num_stages = 2, 3
+        block_q = 16 if small else 64
+        block_n = 16 if small else 64
+        num_warps, num_stages = 4, 2
+        shear = "scratch"
     programs = triton.cdiv(max_seqlen_q, block_q) * num_seqs * (num_q_heads // heads)
     kv_tiles = triton.cdiv(max(max_kv_len, 1), block_n)
     num_splits = 1
@@ -100,6 +108,7 @@ def choose_config(
         num_splits=num_splits,
         num_warps=num_warps,
         num_stages=num_stages,
+        shear=shear,
     )
 
 
@@ -171,6 +180,13 @@ def sheared_bias_attention(
     else:
         o_part = lse_part = out  # unused
     grid = (triton.cdiv(max_seqlen_q, config.block_q), B * (Hq // config.heads), splits)
+    scratch_shear = config.shear == "scratch" and config.heads == 1 and max_seqlen_q > 1
+    if scratch_shear:
+        scratch = torch.empty(
+            (grid[0] * grid[1] * grid[2], config.block_q, band), dtype=torch.float32, device=q.device
+        )
+    else:
+        scratch = out  # unused
     kernels.sheared_bias_attention_kernel[grid](
         q,
         r,
@@ -183,6 +199,7 @@ def sheared_bias_attention(
         out,
         o_part,
         lse_part,
+        scratch,
         q.stride(0),
         q.stride(1),
         r.stride(0),
@@ -216,6 +233,7 @@ def sheared_bias_attention(
         PAGE=BS,
         SPLIT=splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SCRATCH=scratch_shear,
         INTERPRET=interpreting(),
         num_warps=config.num_warps,
         num_stages=config.num_stages,

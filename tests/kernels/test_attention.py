@@ -186,9 +186,26 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         (VERIFY, 0, AttentionConfig(heads=4, block_q=16, block_n=16, num_splits=4)),
         (VERIFY[:3], 32, AttentionConfig(heads=1, block_q=16, block_n=32, num_splits=2)),
         (CHUNKED[:2], 0, AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=5)),
-        # the GPU defaults' tile shapes (launcher.choose_config off the interpreter)
+        # the previous GPU default for prefill (gather shear, 32x32)
         ([(70, 70), (9, 2)], 32, AttentionConfig(heads=1, block_q=32, block_n=32, num_splits=1, num_warps=2)),
+        # the GPU defaults' tile shapes (launcher.choose_config off the interpreter)
         ([(300, 1), (5, 1)], 0, AttentionConfig(heads=4, block_q=4, block_n=128, num_splits=2)),
+        # the relative band sheared through the per-program scratch, split and not, R clipped
+        (
+            PREFILL + CHUNKED,
+            0,
+            AttentionConfig(heads=1, block_q=16, block_n=16, num_splits=1, shear="scratch"),
+        ),
+        (
+            CHUNKED + VERIFY,
+            32,
+            AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=3, shear="scratch"),
+        ),
+        (
+            [(150, 150), (9, 2)],
+            0,
+            AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=2, shear="scratch"),
+        ),
     ],
     ids=[
         "decode",
@@ -196,8 +213,11 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         "verify-packed",
         "verify-unpacked",
         "chunked",
-        "prefill-32x32",
+        "prefill-gather-32x32",
         "decode-bn128",
+        "scratch-shear",
+        "scratch-shear-sliding-split",
+        "scratch-shear-64x64-clipped",
     ],
 )
 def test_split_kv(seqs, window, config):
@@ -216,7 +236,7 @@ def test_choose_config_is_shape_only():
     decode = launcher.choose_config(1, 64, 8, 1, 1 << 20, num_sms=132)
     assert decode.heads == 8 and decode.num_splits > 1
     prefill = launcher.choose_config(4, 64, 8, 4096, 4096, num_sms=132)
-    assert prefill.heads == 1 and prefill.num_splits == 1
+    assert prefill.heads == 1 and prefill.num_splits == 1 and prefill.shear == "scratch"
     verify = launcher.choose_config(2, 64, 8, 9, 8192, num_sms=132)
     assert verify.heads == 8 and verify.block_q == 16
 
@@ -307,12 +327,22 @@ GPU_CONFIGS = [
     AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, num_warps=4, num_stages=2),
     AttentionConfig(heads=1, block_q=32, block_n=32, num_splits=3, num_warps=2, num_stages=3),
     AttentionConfig(heads=8, block_q=16, block_n=128, num_splits=5),
+    AttentionConfig(
+        heads=1, block_q=64, block_n=64, num_splits=1, num_warps=4, num_stages=2, shear="scratch"
+    ),
+    AttentionConfig(
+        heads=1, block_q=128, block_n=64, num_splits=2, num_warps=8, num_stages=2, shear="scratch"
+    ),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("config", GPU_CONFIGS, ids=["64x64", "32x32-split", "verify-bn128"])
+@pytest.mark.parametrize(
+    "config",
+    GPU_CONFIGS,
+    ids=["64x64", "32x32-split", "verify-bn128", "scratch-64x64", "scratch-128x64-split"],
+)
 def test_gpu_tile_variants(config):
     batch = make_batch(
         [(900, 9), (300, 5), (17, 1)], hq=8, hkv=1, d=128, dr=32, rel=512, dtype=torch.bfloat16
