@@ -427,12 +427,15 @@ def main():
     t0 = time.time()
     rows = []
     tmp = tempfile.mkdtemp()
-    for i, (name, *_rest) in enumerate(WORKLOADS):
-        if a.only and not any(name.startswith(s) for s in a.only.split(",")):
-            continue
+    chosen = [
+        (i, name)
+        for i, (name, *_rest) in enumerate(WORKLOADS)
+        if not a.only or any(name.startswith(s) for s in a.only.split(","))
+    ]
+    for n, (i, name) in enumerate(chosen):
         # one process per workload: a fault in a peer cannot take the others down
         left = t0 + a.budget_s - time.time()
-        share = left / (len(WORKLOADS) - i)
+        share = left / (len(chosen) - n)
         row_file = os.path.join(tmp, f"{i}.json")
         cmd = [
             sys.executable,

@@ -5,7 +5,7 @@
 #     bash bench/gpu_session.sh mtp         # 1 GPU: bench.mtp with CUDA graphs
 #     bash bench/gpu_session.sh e2e         # 1 GPU: bench.e2e on inkling-bench with CUDA graphs, batches 1..64
 #     bash bench/gpu_session.sh e2e-mtp     # 1 GPU: the same with 3 MTP drafts per step (random heads)
-#     bash bench/gpu_session.sh attn-e2e    # 1 GPU: attention tile tests + prefill variants, e2e batches 1 and 64
+#     bash bench/gpu_session.sh attn-e2e    # 1 GPU: attention/MoE variant tests and times, e2e batches 1 and 64
 #     bash bench/gpu_session.sh tp          # 2 GPUs: tensor-parallel tests (NCCL, Lamport), bench.tp on 2 layers
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
@@ -44,12 +44,15 @@ e2e-mtp)
         --output_len 512 --batches 1,8 --decode_budget_s 40 --reference_peers "" --out "$OUT/e2e-mtp"
     ;;
 attn-e2e)
-    # the attention tile variants on the GPU (the scratch shear among them), the prefill variants'
-    # times, then the e2e at batch 1 (with a kernel profile) and 64; everything comes back as one tarball
-    run attn_test 150 "${PYTEST[@]}" tests/kernels/test_attention.py -k "gpu and (tile_variants or bf16)"
-    run attn_bench 150 python3 bench/attention.py --only prefill --budget-s 120 --out "$OUT/attn"
-    run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 1024 \
-        --batches 1,64 --decode_budget_s 30 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
+    # the attention tile variants (the scratch shear among them) and the MoE decode GEMV on the GPU;
+    # the prefill variants' and the MoE's times; then the e2e at batch 1 (with a kernel profile) and
+    # 64. Everything comes back as one tarball.
+    run attn_test 100 "${PYTEST[@]}" tests/kernels/test_attention.py -k "gpu and (tile_variants or prefill or chunked)"
+    run moe_test 60 "${PYTEST[@]}" tests/kernels/test_moe.py -k "gpu_gemv"
+    run attn_bench 100 python3 bench/attention.py --only "prefill 8K" --budget-s 75 --out "$OUT/attn"
+    run moe_bench 100 python3 bench/moe.py --tokens 1,8 --skip-sconv --out "$OUT/moe"
+    run e2e 220 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 1024 \
+        --batches 1,64 --decode_budget_s 25 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
     tar czf "$OUT.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT.tgz" "$OUT/attn-e2e.tgz"
     ;;
 tp)

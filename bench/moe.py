@@ -108,7 +108,7 @@ def bound_us(T, n_experts):
     return max(bytes_ / MEM_BW, flops / TC_RATE) * 1e6, bytes_, flops
 
 
-def moe_section(out_dir):
+def moe_section(out_dir, tokens=TOKENS):
     packed, router, sw13, sw2 = make_layer()
     pk = [packed[n] for n in PACKED_NAMES]
 
@@ -119,7 +119,13 @@ def moe_section(out_dir):
         return (x, router, *pk, sw13, sw2, E, TOP_K)
 
     t0 = time.time()
-    table = moe_launcher.tune(inputs, log=log)
+    # tune the buckets the measured T fall in (all four by default)
+    buckets = [
+        (b, t)
+        for b, t in zip((16, 128, 1024, 1 << 30), (1, 64, 512, 4096))
+        if t <= max(tokens) or b < max(tokens)
+    ]
+    table = moe_launcher.tune(inputs, *zip(*buckets), log=log)
     log(f"tuned in {time.time() - t0:.0f} s: {json.dumps(table)}")
     with open(os.path.join(out_dir, "moe_tune.json"), "w") as f:
         json.dump(table, f, indent=1)
@@ -128,7 +134,7 @@ def moe_section(out_dir):
     log("dequantizing the bf16 peer's weights ...")
     w13_bf16, w2_bf16 = dequantized_bf16(packed)
     rows = []
-    for T in TOKENS:
+    for T in tokens:
         args = inputs(T, seed=T)
         x = args[0]
         tri = lambda: torch.ops.inkling.expert_sink_moe(*args, tile_configs, "triton")  # noqa: B023, E731
@@ -278,12 +284,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench-moe")
     ap.add_argument("--skip-moe", action="store_true")
+    ap.add_argument("--skip-sconv", action="store_true")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="the MoE section's T values")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    moe_rows, table = ([], None) if args.skip_moe else moe_section(args.out)
+    tokens = tuple(int(t) for t in args.tokens.split(","))
+    moe_rows, table = ([], None) if args.skip_moe else moe_section(args.out, tokens)
     if moe_rows:
         plot(moe_rows, os.path.join(args.out, "moe.png"))
-    sconv_rows = sconv_section(moe_rows)
+    sconv_rows = [] if args.skip_sconv else sconv_section(moe_rows)
     with open(os.path.join(args.out, "moe.json"), "w") as f:
         json.dump({"moe": moe_rows, "sconv": sconv_rows, "tune": table}, f, indent=1)
     write_md(moe_rows, sconv_rows, os.path.join(args.out, "moe.md"))

@@ -62,7 +62,7 @@ class ServeConfig:
     )  # the stubs' Python environment (prepare_stub_env)
     num_blocks: int = 0  # 0: the runtime's default
     engine_threads: int = 0  # torch threads of the engine loop (0: torch's default)
-    cuda_graphs: bool = False  # decode/verify steps replayed from CUDA graphs (CUDA engines)
+    cuda_graphs: bool | None = None  # decode/verify steps from CUDA graphs (None: the runtime's default)
     log_verbose: int = 0
 
     def __post_init__(self) -> None:
@@ -183,7 +183,7 @@ def template_values(cfg: ServeConfig) -> dict[str, str]:
         "engine_dir": os.path.abspath(cfg.engine_dir),
         "num_blocks": str(cfg.num_blocks),
         "engine_threads": str(cfg.engine_threads),
-        "cuda_graphs": "1" if cfg.cuda_graphs else "0",
+        "cuda_graphs": {None: "auto", True: "1", False: "0"}[cfg.cuda_graphs],
         "max_text_bytes": str(cfg.max_text_bytes),
         "max_images": str(cfg.max_images),
         "max_audios": str(cfg.max_audios),
@@ -349,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-threads", type=int, default=0, help="torch threads of the engine (0: default)")
     p.add_argument(
         "--cuda-graphs",
-        action="store_true",
-        help="decode steps from CUDA graphs (CUDA engines; 6x on the H200)",
+        action=argparse.BooleanOptionalAction,
+        help="decode steps from CUDA graphs (default: on for a one-GPU engine with the Triton plugins)",
     )
     p.add_argument("--log-verbose", type=int, default=0)
     args = p.parse_args(argv)

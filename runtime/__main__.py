@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--num_draft_tokens", type=int, default=0, help="MTP drafts per step (0..8)")
     ap.add_argument(
-        "--cuda_graphs", action="store_true", help="decode/verify steps as CUDA graphs (CUDA engines)"
+        "--cuda_graphs",
+        action=argparse.BooleanOptionalAction,
+        help="decode/verify steps as CUDA graphs (default: on for a one-GPU engine with the Triton plugins)",
     )
     args = ap.parse_args(argv)
     try:

@@ -88,12 +88,12 @@ class LLMEngine:
         seed: int = 0,
         device: str | None = None,
         workers: Workers | None = None,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool | None = None,
         pad_eager: bool = False,
     ):
         """workers: the other ranks of a tensor-parallel engine (runtime/distributed.py; LLM starts them).
         cuda_graphs: decode/verify steps and MTP head passes replay CUDA graphs per batch bucket (CUDA
-        engines with the Triton plugins, one rank; off by default). pad_eager (tests): the same padding
+        engines with the Triton plugins; None: on for one such rank, runtime.model_runner.default_cuda_graphs). pad_eager (tests): the same padding
         to the buckets, run eager (runtime/step_graphs.py)."""
         self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager)
         bc = engine.build_config

@@ -49,14 +49,15 @@ class LLM:
         engine: str | os.PathLike | Engine,
         num_blocks: int | None = None,
         seed: int = 0,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool | None = None,
         pad_eager: bool = False,
     ):
         """engine: a directory, or an Engine in memory (one rank only). A tensor-parallel engine (tp_size N)
         is loaded here as rank 0, and its other N-1 ranks are started as worker processes (stop them with
         `shutdown()`; they also stop when this process exits). cuda_graphs: replay decode/verify steps and
-        MTP drafting from CUDA graphs per (batch, tokens) bucket, on every rank (a CUDA engine; off by
-        default). pad_eager (tests): the same buckets and padding, run eagerly (runtime/step_graphs.py)."""
+        MTP drafting from CUDA graphs per (batch, tokens) bucket, on every rank (a CUDA engine). None (the
+        default): on for a one-rank CUDA engine with the Triton plugins, off otherwise
+        (runtime.model_runner.default_cuda_graphs). pad_eager (tests): the same buckets and padding, run eagerly (runtime/step_graphs.py)."""
         self.workers = None
         if isinstance(engine, Engine):
             if engine.tp_size > 1:
@@ -175,7 +176,7 @@ class EngineLoop:
         engine: str | os.PathLike | Engine,
         num_blocks: int | None = None,
         seed: int = 0,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool | None = None,
     ):
         self.llm = LLM(engine, num_blocks, seed, cuda_graphs)
         self.engine = self.llm.engine

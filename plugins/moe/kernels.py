@@ -246,3 +246,154 @@ def moe_gemm_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=m_mask[None, :] & n_mask[:, None],
     )
+
+
+@triton.jit
+def _gemv_tile(
+    w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn,
+    NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """moe_gemv_kernel's weight tile: (even columns, odd columns, group scales) for NVFP4, as _row_dot
+    takes them; (the tile in float32, unused, unused) otherwise."""
+    if NVFP4:
+        offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        codes = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_b[None, :], mask=n_mask[:, None], other=0)
+        offs_s = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        scale = tl.load(
+            ws_ptr + offs_n[:, None] * stride_wsn + offs_s[None, :], mask=n_mask[:, None], other=0.0
+        )
+        scale = (scale.to(tl.float32) * global_scale) * 16384.0
+        lo = codes & 0xF
+        hi = codes >> 4
+        # E2M1 -> fp16 bits, exactly the value times 2^-14 (as _weight_tile)
+        w_lo = (((lo & 7).to(tl.uint16) << 9) | ((lo & 8).to(tl.uint16) << 12)).to(tl.float16, bitcast=True)
+        w_hi = (((hi & 7).to(tl.uint16) << 9) | ((hi & 8).to(tl.uint16) << 12)).to(tl.float16, bitcast=True)
+        return w_lo.to(tl.float32), w_hi.to(tl.float32), scale
+    else:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None], other=0.0)
+        return w.to(tl.float32), w.to(tl.float32), w.to(tl.float32)
+
+
+@triton.jit
+def _row_dot(
+    a_ptr,
+    a_row,
+    k0,
+    w_lo,  # NVFP4: [BLOCK_N, BLOCK_K // 2] even columns (low nibbles), E2M1 * 2^-14; bf16: [BLOCK_N, BLOCK_K]
+    w_hi,  # NVFP4: odd columns (high nibbles); unused otherwise
+    scale,  # NVFP4: [BLOCK_N, BLOCK_K // 16] the groups' scales (global scale and 2^14 folded in)
+    NVFP4: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """[BLOCK_N] partial sums of one activation row against a weight tile, in float32."""
+    if NVFP4:
+        offs_j = tl.arange(0, BLOCK_K // 2)
+        a_even = tl.load(a_ptr + a_row + k0 + 2 * offs_j).to(tl.float32)
+        a_odd = tl.load(a_ptr + a_row + k0 + 2 * offs_j + 1).to(tl.float32)
+        p = w_lo * a_even[None, :] + w_hi * a_odd[None, :]  # [BLOCK_N, BLOCK_K / 2]
+        p = tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 8)), axis=2)  # one sum per 16-column group
+        return tl.sum(p * scale, axis=1)
+    else:
+        a = tl.load(a_ptr + a_row + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
+        return tl.sum(w_lo * a[None, :], axis=1)
+
+
+@triton.jit
+def moe_gemv_kernel(
+    a_ptr,  # as moe_gemm_kernel
+    stride_at,
+    w_ptr,
+    stride_we,
+    stride_wn,
+    ws_ptr,
+    stride_wse,
+    stride_wsn,
+    wg_ptr,
+    out_ptr,
+    stride_ot,
+    sorted_rows_ptr,
+    expert_ids_ptr,
+    block_rows_ptr,
+    route_w_ptr,
+    num_tokens,
+    N,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    KS: tl.constexpr,
+    ROUTED: tl.constexpr,
+    NVFP4: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per block: a few (decode), each against the tile held in registers
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The decode form of moe_gemm_kernel (same blocks, same outputs): a GEMV on CUDA cores.
+
+    NVFP4 codes are decoded once per tile and used by each of the block's rows; the low and high
+    nibbles meet the even and odd activation columns (no interleave), and the block scales multiply
+    a 16-column group's sum, not every weight. Rows past the block's count cost nothing.
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    if ROUTED:
+        e = tl.load(expert_ids_ptr + pid_m)
+        if e < 0:
+            return
+        count = tl.load(block_rows_ptr + pid_m)
+        rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + offs_m, mask=offs_m < count, other=0)
+    else:
+        blocks_per_expert = tl.cdiv(num_tokens, BLOCK_M)
+        e = pid_m // blocks_per_expert
+        tok0 = (pid_m % blocks_per_expert) * BLOCK_M
+        count = tl.minimum(num_tokens - tok0, BLOCK_M)
+        rows = (tok0 + offs_m) * KS + TOP_K + e
+    rows = rows.to(tl.int64)
+    if GATED:
+        a_rows = rows // KS
+    else:
+        a_rows = rows
+    e64 = e.to(tl.int64)
+    w_base = w_ptr + e64 * stride_we
+    ws_base = ws_ptr + e64 * stride_wse
+    if NVFP4:
+        if GATED:
+            g_gate = tl.load(wg_ptr + e64 * 2)
+            g_up = tl.load(wg_ptr + e64 * 2 + 1)
+        else:
+            g_gate = tl.load(wg_ptr + e64)
+            g_up = g_gate
+    else:
+        g_gate = 1.0
+        g_up = 1.0
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        g_lo, g_hi, g_s = _gemv_tile(w_base, ws_base, g_gate, offs_n, n_mask, k0, stride_wn, stride_wsn,
+                                     NVFP4, BLOCK_N, BLOCK_K)  # fmt: skip
+        if GATED:
+            u_lo, u_hi, u_s = _gemv_tile(w_base + N * stride_wn, ws_base + N * stride_wsn, g_up, offs_n, n_mask,
+                                         k0, stride_wn, stride_wsn, NVFP4, BLOCK_N, BLOCK_K)  # fmt: skip
+        for mi in tl.static_range(BLOCK_M):
+            if mi < count:
+                a_row = tl.sum(tl.where(offs_m == mi, a_rows, 0)) * stride_at
+                p = _row_dot(a_ptr, a_row, k0, g_lo, g_hi, g_s, NVFP4, BLOCK_N, BLOCK_K)
+                acc += tl.where(offs_m[:, None] == mi, p[None, :], 0.0)
+                if GATED:
+                    pu = _row_dot(a_ptr, a_row, k0, u_lo, u_hi, u_s, NVFP4, BLOCK_N, BLOCK_K)
+                    acc_u += tl.where(offs_m[:, None] == mi, pu[None, :], 0.0)
+
+    if GATED:
+        out = acc / (1.0 + tl.exp(-acc)) * acc_u
+    else:
+        out = acc * tl.load(route_w_ptr + rows, mask=offs_m < count, other=0.0)[:, None]
+    tl.store(
+        out_ptr + rows[:, None] * stride_ot + offs_n[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(offs_m < count)[:, None] & n_mask[None, :],
+    )

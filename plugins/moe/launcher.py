@@ -18,7 +18,8 @@ import triton.testing
 from . import kernels
 
 # One config per bucket of T (tokens per call). block_m is shared by both GEMMs (it sets the row
-# alignment); each GEMM has its own N/K tiles, warps and pipeline stages.
+# alignment); each GEMM has its own N/K tiles, warps and pipeline stages. "kernel": "gemv" (decode
+# only: a few rows per block on CUDA cores) instead of the tensor-core "mma" default.
 DEFAULT_TABLE: dict = {
     "version": 1,
     "buckets": [
@@ -60,21 +61,39 @@ def _fit_k(block_k: int, K: int) -> int:
 
 
 def _gemm(
-    a, w, ws, wg, out, route, num_tokens, N, K, top_k, KS, block_m, cfg, *, routed, nvfp4, gated, grid_m
+    a, w, ws, wg, out, route, num_tokens, N, K, top_k, KS, block_m, cfg, *, routed, nvfp4, gated, grid_m, gemv
 ):
     sorted_rows, expert_ids, block_rows, route_w = route
     block_k = _fit_k(min(cfg["block_k"], K), K)
     dummy = w  # unused pointer arguments of a variant
     grid = (grid_m, triton.cdiv(N, cfg["block_n"]))
-    kernels.moe_gemm_kernel[grid](
-        a, a.stride(0), w, w.stride(0), w.stride(1),
-        ws if nvfp4 else dummy, ws.stride(0) if nvfp4 else 0, ws.stride(1) if nvfp4 else 0,
-        wg if nvfp4 else dummy, out, out.stride(0),
-        sorted_rows, expert_ids, block_rows, route_w, num_tokens, N, K,
-        TOP_K=top_k, KS=KS, ROUTED=routed, NVFP4=nvfp4, GATED=gated, IEEE=a.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )  # fmt: skip
+    args = (
+        a,
+        a.stride(0),
+        w,
+        w.stride(0),
+        w.stride(1),
+        ws if nvfp4 else dummy,
+        ws.stride(0) if nvfp4 else 0,
+        ws.stride(1) if nvfp4 else 0,
+        wg if nvfp4 else dummy,
+        out,
+        out.stride(0),
+        sorted_rows,
+        expert_ids,
+        block_rows,
+        route_w,
+        num_tokens,
+        N,
+        K,
+    )
+    tiles = dict(TOP_K=top_k, KS=KS, ROUTED=routed, NVFP4=nvfp4, GATED=gated,
+                 BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
+                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
+    if gemv:
+        kernels.moe_gemv_kernel[grid](*args, **tiles)
+    else:
+        kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, **tiles)
 
 
 def expert_sink_moe(
@@ -147,7 +166,7 @@ def expert_sink_moe(
     out = torch.empty((T * KS, H), dtype=x.dtype, device=dev)
     shared_m = S * triton.cdiv(T, block_m)
     g1, g2 = cfg["gemm1"], cfg["gemm2"]
-    common = dict(num_tokens=T, top_k=top_k, KS=KS, block_m=block_m)
+    common = dict(num_tokens=T, top_k=top_k, KS=KS, block_m=block_m, gemv=cfg.get("kernel", "mma") == "gemv")
     routed = dict(route=route, routed=True, nvfp4=True, grid_m=num_blocks, **common)
     dense = dict(route=route, routed=False, nvfp4=False, grid_m=shared_m, **common)
     shared_triton = cfg.get("shared", "triton") == "triton"
@@ -203,6 +222,14 @@ def _candidates(T: int) -> list[dict]:
         for shared in ("triton", "torch"):
             g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
             out.append({"block_m": m, "shared": shared, "gemm1": g, "gemm2": dict(g)})
+    if T <= 16:
+        # the CUDA-core GEMV: rows per block (4: an expert's few decode rows share one weight read),
+        # rows of W per program, columns per step; the bf16 shared experts through cuBLAS (the GEMV
+        # reads the shared weights once per block of tokens)
+        for m, n, k, warps, stages in [(4, 16, 256, 4, 2), (4, 32, 256, 4, 2), (4, 16, 512, 4, 2),
+                                       (4, 8, 512, 4, 3), (2, 16, 256, 4, 3)]:  # fmt: skip
+            g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
+            out.append({"block_m": m, "kernel": "gemv", "shared": "torch", "gemm1": g, "gemm2": dict(g)})
     return out
 
 

@@ -228,3 +228,20 @@ def test_attention_tiles_follow_the_longest_sequence_not_the_batch(engine_f32, p
     llm.generate([prompt_input(llm, p) for p in prompts[1:3]], [plain, drafting])
     verify = [(T, m) for T, m in seen if T == 5]  # one decode token beside a verify of 1 + 3 drafts
     assert verify and {m for _, m in verify} == {4}, seen
+
+
+def test_cuda_graphs_by_default_on_one_gpu_only(engine_f32):
+    """CUDA graphs are the default for a one-rank CUDA engine with the Triton plugins and nothing else; on
+    the CPU the default runs eager and asking for graphs is an error."""
+    from runtime.model_runner import default_cuda_graphs
+
+    triton = dict.fromkeys(("sheared_bias_attention", "sconv", "expert_sink_moe", "mtp_draft"), "triton")
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert default_cuda_graphs(cuda, triton, tp_size=1)
+    assert not default_cuda_graphs(cuda, triton, tp_size=2)
+    assert not default_cuda_graphs(cpu, triton, tp_size=1)
+    assert not default_cuda_graphs(cuda, {**triton, "sconv": "reference"}, tp_size=1)
+    runner = LLMEngine(engine_f32[0]).runner
+    assert runner.step_graphs is None and runner.head_graphs is None
+    with pytest.raises(ValueError, match="CUDA engine"):
+        LLMEngine(engine_f32[0], cuda_graphs=True)

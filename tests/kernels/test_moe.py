@@ -175,6 +175,22 @@ def test_triton_every_token_on_the_same_experts():
         _check_triton(x, router, packed, sw13, sw2, c["E"], c["top_k"], tile_configs=json.dumps(table))
 
 
+GEMV = {"block_m": 4, "kernel": "gemv", "gemm1": {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2},
+        "gemm2": {"block_n": 32, "block_k": 32, "num_warps": 4, "num_stages": 2}}  # fmt: skip
+
+
+@pytest.mark.parametrize("shared", ["triton", "torch"])
+@pytest.mark.parametrize("T", [1, 9])
+def test_triton_gemv_matches_reference(T, shared):
+    """The decode GEMV: blocks of 4 rows (an expert with more than 4 rows gets several blocks at
+    T = 9), the shared experts through it or cuBLAS."""
+    c = TINY
+    router, packed, sw13, sw2 = _layer(c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=10 + T)
+    x = torch.randn(T, c["H"], generator=torch.Generator().manual_seed(T)).to(DEVICE)
+    table = {"version": 1, "buckets": [{"max_tokens": 1 << 30, "shared": shared, **GEMV}]}
+    _check_triton(x, router, packed, sw13, sw2, c["E"], c["top_k"], tile_configs=json.dumps(table))
+
+
 def test_triton_nan_rows_stay_in_bounds():
     """A NaN row (a CUDA-graph bucket's padding row may hold one) routes to valid experts, so no kernel reads
     or writes out of bounds, and the finite rows are unaffected."""
@@ -247,3 +263,27 @@ def test_triton_gpu_cuda_graph():
         graph.replay()
         want = torch.ops.inkling.expert_sink_moe(*args, "triton")
         torch.testing.assert_close(y, want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("T", [1, 3, 16])
+def test_triton_gpu_gemv_bf16(T):
+    """The decode GEMV at inkling-bench shapes, in every tile shape tune() may pick, against the
+    reference op and against the tensor-core kernel."""
+    c = dict(H=7168, I=2560, E=256, S=2, top_k=6)
+    router, packed, sw13, sw2 = _layer(
+        c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=T, dtype=torch.bfloat16
+    )
+    x = torch.randn(T, c["H"], device=DEVICE, dtype=torch.bfloat16)
+    args = _args(x, router, packed, sw13, sw2, c["E"], c["top_k"])
+    want = torch.ops.inkling.expert_sink_moe(*args, "reference").float()
+    mma = torch.ops.inkling.expert_sink_moe(*args, "triton").float()
+    for cfg in [k for k in moe_launcher._candidates(1) if k.get("kernel") == "gemv"]:
+        table = json.dumps({"version": 1, "buckets": [{"max_tokens": 1 << 30, **cfg}]})
+        y = torch.ops.inkling.expert_sink_moe(
+            *_args(x, router, packed, sw13, sw2, c["E"], c["top_k"], table), "triton"
+        )
+        err = (y.float() - want).norm() / want.norm()
+        assert torch.isfinite(y).all() and err < 2e-2, f"{cfg}: relative error {err:.2e}"
+        assert (y.float() - mma).norm() / mma.norm() < 2e-2

@@ -67,7 +67,7 @@ class TritonPythonModel:
         num_threads = int(parameter(cfg, "num_threads", "0"))
         if num_threads:
             torch.set_num_threads(num_threads)
-        cuda_graphs = parameter(cfg, "cuda_graphs", "0") == "1"
+        cuda_graphs = {"auto": None, "1": True, "0": False}[parameter(cfg, "cuda_graphs", "auto")]
         self.loop = EngineLoop(engine_dir, num_blocks=num_blocks, cuda_graphs=cuda_graphs)
         self.in_flight: dict[str, InFlight] = {}
         self.lock = threading.Lock()
