@@ -199,6 +199,7 @@ def decode_run(
 
     accepted_before = (eng.acceptance.steps, eng.acceptance.tokens)
     steps: list[float] = []
+    capture_steps: list[float] = []  # steps that captured a CUDA graph (a one-time cost): not timed
     decoded = 0  # tokens of the timed steps, all requests (with MTP, up to 1 + drafts per step each)
     decoding_since = None
     while eng.has_unfinished():
@@ -206,10 +207,14 @@ def decode_run(
             profile_steps(step, args)
             profile = False
         before = sum(len(t) for t in tokens.values())
+        captures = _captures(eng.runner)
         _, dt = timed(step)
         if decoding_since is None:
             if all(tokens.values()):
                 decoding_since = time.perf_counter()
+            continue
+        if _captures(eng.runner) > captures:
+            capture_steps.append(dt)
             continue
         steps.append(dt)
         decoded += sum(len(t) for t in tokens.values()) - before
@@ -226,6 +231,7 @@ def decode_run(
         "step_s_p10": tenths[0],
         "step_s_p90": tenths[-1],
         "step_s_first": steps[:8],
+        "capture_steps_s": capture_steps,
         # Tokens over the timed steps' total time: 1 / mean step without MTP.
         "tokens_per_s_per_user": decoded / len(prompts) / sum(steps),
         "throughput_tokens_per_s": decoded / sum(steps),
@@ -234,6 +240,11 @@ def decode_run(
         mtp_steps = eng.acceptance.steps - accepted_before[0]
         figures["acceptance_length"] = (eng.acceptance.tokens - accepted_before[1]) / max(mtp_steps, 1)
     return figures, list(tokens.values())
+
+
+def _captures(runner) -> int:
+    """CUDA graphs captured so far by the runner's step and head graphs."""
+    return sum(g.stats.captures for g in (runner.step_graphs, runner.head_graphs) if g is not None)
 
 
 def profile_steps(step, args: argparse.Namespace, count: int = 4) -> None:

@@ -69,13 +69,17 @@ def choose_config(
 
     max_kv_len is a bound known on the host (block-table capacity, or window + max_seqlen_q for
     sliding layers); each split then takes its share of the tiles of the device-side seq_len.
-    float32 (IEEE dots, unrolled FMA loops) gets tiles of at most 32 keys: compiling for sm_90 took
-    28 s at 16x64 and 182 s at 64x64 against 3-7 s at 32 keys (Triton 3.6, timed on the CPU).
+    float32 (IEEE dots, unrolled FMA loops) gets tiles of at most 32 keys and 32 query rows: compiling for
+    sm_90 took 28 s at 16x64 and 182 s at 64x64 against 3-9 s at 32x32 (Triton 3.6, timed on the CPU).
     """
     group = num_q_heads // num_kv_heads
     small = interpreting()  # CPU interpreter: small tiles keep tests fast and exercise tile edges
     pow2_group = group & (group - 1) == 0
-    if pow2_group and max_seqlen_q * group <= 128 and max_seqlen_q <= 16:
+    packed = pow2_group and max_seqlen_q * group <= 128 and max_seqlen_q <= 16
+    if packed and float32 and not small:
+        # float32 packs at most 32 rows (a verify of group 8 did not compile within 90 s on the H200)
+        packed = group * max(triton.next_power_of_2(max_seqlen_q), triton.cdiv(16, group)) <= 32
+    if packed:
         # decode / verify: the GQA group's heads share every K/V tile
         # (H200, bench/results/attention.md: decode block_n 128 beat 64 by 1.1-2x; verify 64 beat 128)
         heads = group

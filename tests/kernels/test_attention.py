@@ -232,13 +232,18 @@ def test_triton_head_dim_128():
     assert_close(attention(batch, "triton"), batch.truth, 1e-4)
 
 
-def test_choose_config_is_shape_only():
+def test_choose_config_is_shape_only(monkeypatch):
     decode = launcher.choose_config(1, 64, 8, 1, 1 << 20, num_sms=132)
     assert decode.heads == 8 and decode.num_splits > 1
     prefill = launcher.choose_config(4, 64, 8, 4096, 4096, num_sms=132)
     assert prefill.heads == 1 and prefill.num_splits == 1 and prefill.shear == "scratch"
     verify = launcher.choose_config(2, 64, 8, 9, 8192, num_sms=132)
     assert verify.heads == 8 and verify.block_q == 16
+    # float32 (tests) on the GPU: tiles of at most 32 x 32, which compile in seconds
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)
+    for q_len in (1, 9, 4096):
+        c = launcher.choose_config(2, 64, 8, q_len, 8192, num_sms=132, float32=True)
+        assert c.heads * c.block_q <= 32 and c.block_n <= 32, c
 
 
 # --- kv_cache_write ------------------------------------------------------------------------------
