@@ -68,25 +68,11 @@ def _gemm(
     dummy = w  # unused pointer arguments of a variant
     grid = (grid_m, triton.cdiv(N, cfg["block_n"]))
     args = (
-        a,
-        a.stride(0),
-        w,
-        w.stride(0),
-        w.stride(1),
-        ws if nvfp4 else dummy,
-        ws.stride(0) if nvfp4 else 0,
-        ws.stride(1) if nvfp4 else 0,
-        wg if nvfp4 else dummy,
-        out,
-        out.stride(0),
-        sorted_rows,
-        expert_ids,
-        block_rows,
-        route_w,
-        num_tokens,
-        N,
-        K,
-    )
+        a, a.stride(0), w, w.stride(0), w.stride(1),
+        ws if nvfp4 else dummy, ws.stride(0) if nvfp4 else 0, ws.stride(1) if nvfp4 else 0,
+        wg if nvfp4 else dummy, out, out.stride(0),
+        sorted_rows, expert_ids, block_rows, route_w, num_tokens, N, K,
+    )  # fmt: skip
     tiles = dict(TOP_K=top_k, KS=KS, ROUTED=routed, NVFP4=nvfp4, GATED=gated,
                  BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
