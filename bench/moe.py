@@ -119,12 +119,12 @@ def moe_section(out_dir, tokens=TOKENS):
         return (x, router, *pk, sw13, sw2, E, TOP_K)
 
     t0 = time.time()
-    # tune the buckets the measured T fall in (all four by default)
-    buckets = [
-        (b, t)
-        for b, t in zip((16, 128, 1024, 1 << 30), (1, 64, 512, 4096))
-        if t <= max(tokens) or b < max(tokens)
-    ]
+    # tune the buckets up to the one the largest measured T falls in (all four by default)
+    buckets = []
+    for b, t in zip((16, 128, 1024, 1 << 30), (1, 64, 512, 4096)):
+        buckets.append((b, t))
+        if b >= max(tokens):
+            break
     table = moe_launcher.tune(inputs, *zip(*buckets), log=log)
     log(f"tuned in {time.time() - t0:.0f} s: {json.dumps(table)}")
     with open(os.path.join(out_dir, "moe_tune.json"), "w") as f:

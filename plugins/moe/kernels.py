@@ -107,6 +107,51 @@ def align_kernel(
 
 
 @triton.jit
+def _block(
+    pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens,
+    TOP_K: tl.constexpr, KS: tl.constexpr, ROUTED: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """Block pid_m of a GEMM: (its expert, -1 for an unused routed block; its row count; its rows r of the
+    output buffer and the activation rows they read, int64 [BLOCK_M], valid below the count)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    if ROUTED:
+        e = tl.load(expert_ids_ptr + pid_m)
+        count = tl.load(block_rows_ptr + pid_m)  # 0 for an unused block
+        rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + offs_m, mask=offs_m < count, other=0)
+    else:  # the shared experts: every token, in blocks of BLOCK_M per shared expert
+        blocks_per_expert = tl.cdiv(num_tokens, BLOCK_M)
+        e = pid_m // blocks_per_expert
+        tok0 = (pid_m % blocks_per_expert) * BLOCK_M
+        count = tl.minimum(num_tokens - tok0, BLOCK_M)
+        rows = (tok0 + offs_m) * KS + TOP_K + e
+    rows = rows.to(tl.int64)
+    if GATED:  # GEMM 1 reads the token's x; GEMM 2 the row's own h
+        a_rows = rows // KS
+    else:
+        a_rows = rows
+    return e, count, rows, a_rows
+
+
+@triton.jit
+def _expert_weights(
+    w_ptr, ws_ptr, wg_ptr, e, stride_we, stride_wse, NVFP4: tl.constexpr, GATED: tl.constexpr
+):
+    """Expert e's weights and block scales, and its (gate, up) global scales (1.0 for bf16 weights)."""
+    e64 = e.to(tl.int64)
+    if NVFP4:
+        if GATED:
+            g_gate = tl.load(wg_ptr + e64 * 2)
+            g_up = tl.load(wg_ptr + e64 * 2 + 1)
+        else:
+            g_gate = tl.load(wg_ptr + e64)
+            g_up = g_gate
+    else:
+        g_gate = 1.0
+        g_up = 1.0
+    return w_ptr + e64 * stride_we, ws_ptr + e64 * stride_wse, g_gate, g_up
+
+
+@triton.jit
 def _weight_tile(
     w_ptr,  # this expert's weights
     ws_ptr,  # this expert's block scales (NVFP4)
@@ -178,38 +223,15 @@ def moe_gemm_kernel(
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    if ROUTED:
-        e = tl.load(expert_ids_ptr + pid_m)
-        if e < 0:
-            return
-        m_mask = offs_m < tl.load(block_rows_ptr + pid_m)
-        rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + offs_m, mask=m_mask, other=0)
-    else:
-        blocks_per_expert = tl.cdiv(num_tokens, BLOCK_M)
-        e = pid_m // blocks_per_expert
-        tok = (pid_m % blocks_per_expert) * BLOCK_M + offs_m
-        m_mask = tok < num_tokens
-        rows = tok * KS + TOP_K + e
-    if GATED:
-        a_rows = rows // KS
-    else:
-        a_rows = rows
-    a_rows = a_rows.to(tl.int64)
-    rows = rows.to(tl.int64)
-    e64 = e.to(tl.int64)
-    w_base = w_ptr + e64 * stride_we
-    ws_base = ws_ptr + e64 * stride_wse
-    if NVFP4:
-        if GATED:
-            g_gate = tl.load(wg_ptr + e64 * 2)
-            g_up = tl.load(wg_ptr + e64 * 2 + 1)
-        else:
-            g_gate = tl.load(wg_ptr + e64)
-            g_up = g_gate
-    else:
-        g_gate = 1.0
-        g_up = 1.0
+    e, count, rows, a_rows = _block(
+        pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens, TOP_K, KS, ROUTED, GATED, BLOCK_M
+    )
+    if e < 0:
+        return
+    m_mask = tl.arange(0, BLOCK_M) < count
+    w_base, ws_base, g_gate, g_up = _expert_weights(
+        w_ptr, ws_ptr, wg_ptr, e, stride_we, stride_wse, NVFP4, GATED
+    )
 
     DTYPE: tl.constexpr = a_ptr.dtype.element_ty
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -338,36 +360,14 @@ def moe_gemv_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
-    if ROUTED:
-        e = tl.load(expert_ids_ptr + pid_m)
-        if e < 0:
-            return
-        count = tl.load(block_rows_ptr + pid_m)
-        rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + offs_m, mask=offs_m < count, other=0)
-    else:
-        blocks_per_expert = tl.cdiv(num_tokens, BLOCK_M)
-        e = pid_m // blocks_per_expert
-        tok0 = (pid_m % blocks_per_expert) * BLOCK_M
-        count = tl.minimum(num_tokens - tok0, BLOCK_M)
-        rows = (tok0 + offs_m) * KS + TOP_K + e
-    rows = rows.to(tl.int64)
-    if GATED:
-        a_rows = rows // KS
-    else:
-        a_rows = rows
-    e64 = e.to(tl.int64)
-    w_base = w_ptr + e64 * stride_we
-    ws_base = ws_ptr + e64 * stride_wse
-    if NVFP4:
-        if GATED:
-            g_gate = tl.load(wg_ptr + e64 * 2)
-            g_up = tl.load(wg_ptr + e64 * 2 + 1)
-        else:
-            g_gate = tl.load(wg_ptr + e64)
-            g_up = g_gate
-    else:
-        g_gate = 1.0
-        g_up = 1.0
+    e, count, rows, a_rows = _block(
+        pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens, TOP_K, KS, ROUTED, GATED, BLOCK_M
+    )
+    if e < 0:
+        return
+    w_base, ws_base, g_gate, g_up = _expert_weights(
+        w_ptr, ws_ptr, wg_ptr, e, stride_we, stride_wse, NVFP4, GATED
+    )
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
