@@ -106,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="decode steps replayed from CUDA graphs (LLM(cuda_graphs=True))",
     )
+    ap.add_argument(
+        "--overlap_off_batches",
+        default="",
+        help="batch sizes to decode again with overlapped steps off (LLMEngine.step), for comparison",
+    )
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -301,7 +306,14 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
         results["decode"][batch], _ = decode_run(llm, reqs, args, profile=batch == args.profile_batch)
         if args.cuda_graphs:
             results["decode"][batch]["graph_stats"] = llm.engine.runner.graph_stats()
+        results["decode"][batch]["overlap"] = llm.engine.overlap
         print(f"[bench] batch {batch}: {results['decode'][batch]}", flush=True)
+        if str(batch) in args.overlap_off_batches.split(",") and llm.engine.overlap:
+            llm.engine.overlap = False
+            off, _ = decode_run(llm, reqs, args)
+            llm.engine.overlap = True
+            results.setdefault("decode_overlap_off", {})[batch] = off
+            print(f"[bench] batch {batch}, overlap off: {off}", flush=True)
         save()
 
 
@@ -367,6 +379,12 @@ def write_table(r: dict, path: str) -> None:
         lines.append(f"| throughput tokens/s, batch {batch} | {d['throughput_tokens_per_s']:.1f} | | |")
         if "acceptance_length" in d:
             lines.append(f"| MTP acceptance length, batch {batch} | {d['acceptance_length']:.2f} | | |")
+        off = r.get("decode_overlap_off", {}).get(batch)
+        if off:
+            lines.append(
+                f"| the same, overlapped steps off: tokens/s per user (step median {off['step_s_median'] * 1e3:.1f} ms) | "
+                f"{off['tokens_per_s_per_user']:.1f} | | {off['tokens_per_s_per_user'] / b['tokens_per_s_per_user']:.1%} |"
+            )
     ours = r["decode"][min(r["decode"], key=int)]["step_s_median"]
     for mode, peer in r["reference"].items():
         what = f"reference model, {mode} (recomputes the sequence per token)"

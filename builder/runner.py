@@ -26,6 +26,20 @@ class Prompt:
     audios: list[torch.Tensor] = field(default_factory=list)  # dMel levels [num_mels, F]
 
 
+def on_device(program: torch.export.ExportedProgram, device: torch.device) -> torch.export.ExportedProgram:
+    """`program` with the devices its nodes name (tensor factories, the dtype/device asserts of `.to`)
+    moved to `device`, in place: a build exports on cuda:0, and each rank of a tensor-parallel engine
+    runs on its own GPU."""
+    if device.type != "cuda":
+        return program
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index == 0:
+        return program
+    from torch.export.passes import move_to_device_pass
+
+    return move_to_device_pass(program, {"cuda:0": f"cuda:{index}"})
+
+
 class EngineRunner:
     """The engine's programs, weights and caches on a device; the runtime's ModelRunner extends it."""
 
@@ -48,14 +62,18 @@ class EngineRunner:
         # on that order, so the build (weights in memory) and a load (safetensors' order) must agree.
         weights = {k: engine.weights[k].to(self.device) for k in sorted(engine.weights)}
         self.weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
-        self.step = engine.programs["step"].module()
+        self.step = on_device(engine.programs["step"], self.device).module()
         if engine.build_config.compile if compile is None else compile:
             if engine.compile_cache is not None:
                 torch.compiler.load_cache_artifacts(engine.compile_cache)
             self.step = torch.compile(self.step, dynamic=True)
         self.vision, self.audio = (
             GraphedEncoder(
-                engine.programs[k].module(), k, self.device, self.dtype, engine_config=engine.config
+                on_device(engine.programs[k], self.device).module(),
+                k,
+                self.device,
+                self.dtype,
+                engine_config=engine.config,
             )
             if k in engine.programs
             else None  # a tensor-parallel worker: rank 0 encodes media
@@ -86,7 +104,9 @@ class EngineRunner:
         c = self.config
         kv_shape = (self.num_blocks, self.build.tokens_per_block, c.num_key_value_heads, c.head_dim)
         self.num_heads = c.num_mtp_heads if "mtp_head" in self.engine.programs else 0
-        self.head = self.engine.programs["mtp_head"].module() if self.num_heads else None
+        self.head = (
+            on_device(self.engine.programs["mtp_head"], self.device).module() if self.num_heads else None
+        )
         self.head_weights = [head_weights(weights, m) for m in range(1, self.num_heads + 1)]
         self.head_key_caches = [
             torch.zeros(kv_shape, dtype=self.dtype, device=self.device) for _ in self.head_weights

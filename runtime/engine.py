@@ -80,6 +80,21 @@ class RequestState:
     acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
 
 
+@dataclass
+class LaunchedStep:
+    """A step whose program is on its way (on a GPU it runs while the host goes on): its batch and
+    outputs, and, where each sequence takes the greedy pick of one row, those picks computed on the
+    device and copied to the host without waiting (`ready` says when they are there)."""
+
+    batch: list[ScheduledSeq]
+    logits: torch.Tensor
+    rows: list[int]
+    hidden: torch.Tensor
+    picks: torch.Tensor | None = None  # [B] int64 on the device: the next step's input ids
+    picks_host: torch.Tensor | None = None
+    ready: torch.cuda.Event | None = None
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -90,12 +105,18 @@ class LLMEngine:
         workers: Workers | None = None,
         cuda_graphs: bool | None = None,
         pad_eager: bool = False,
+        overlap: bool | None = None,
     ):
         """workers: the other ranks of a tensor-parallel engine (runtime/distributed.py; LLM starts them).
         cuda_graphs: decode/verify steps and MTP head passes replay CUDA graphs per batch bucket (CUDA
         engines with the Triton plugins; None: on for one such rank, runtime.model_runner.default_cuda_graphs). pad_eager (tests): the same padding
-        to the buckets, run eager (runtime/step_graphs.py)."""
+        to the buckets, run eager (runtime/step_graphs.py).
+        overlap: launch the next decode step before the host has the current one's tokens, where that
+        step is certain (see `step`); None: on for a one-rank CUDA engine."""
+        if overlap and workers is not None:
+            raise ValueError("overlapped steps need one rank (the ranks mirror host-built inputs)")
         self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager)
+        self.overlap = self.runner.device.type == "cuda" and workers is None if overlap is None else overlap
         bc = engine.build_config
         self.build = bc
         self.config = engine.model_config
@@ -117,11 +138,17 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self.seed = seed
         self.num_requests = 0
-        self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "generated_tokens": 0}
+        # overlapped_steps: steps launched before the previous step's tokens were on the host.
+        self.stats = {
+            "prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "generated_tokens": 0, "overlapped_steps": 0
+        }  # fmt: skip
         self.latency: dict[str, list[float]] = {"ttft_s": [], "itl_s": []}
         self.acceptance = AcceptanceStats()  # over every MTP step of the engine's life
         # Tests only: replace the heads' drafts before verification, (request_id, tokens, drafts) -> drafts.
         self.draft_override = None
+        self._inflight: LaunchedStep | None = None  # an overlapped step not yet completed
+        self._held: list[StreamDelta] = []  # deltas of a step completed outside `step` (see `_drain`)
+        self._pick_buffers: list[torch.Tensor] = []
 
     # Requests.
     def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> None:
@@ -184,28 +211,131 @@ class LLMEngine:
 
     # A step.
     def step(self) -> list[StreamDelta]:
-        batch = self.scheduler.schedule(on_admit=self._lookup_prefix)
+        """Run one step and return its deltas.
+
+        With overlap, a step that gives every sequence one greedy token (no drafts, sampling or
+        logprobs) leaves its picks on the device, and the step that must follow it (every running
+        sequence feeds that token; nobody waits) is launched before the host reads them: the host
+        builds step n+1's inputs while the GPU runs step n. A sequence that then turns out to have
+        finished (eos, a stop string, an abort) wasted one token of work in step n+1, whose results for
+        it are dropped; its blocks and slot go back at once, and any later use of them is queued behind
+        step n+1 on the same stream."""
+        held, self._held = self._held, []
+        launched, self._inflight = self._inflight, None
+        if launched is None or all(s.seq.finished for s in launched.batch):
+            launched = self._launch(self.scheduler.schedule(on_admit=self._lookup_prefix))
+        if launched is None:
+            return held
+        if launched.picks is not None:
+            self._inflight = self._launch_successor(launched)
+        return held + self._complete(launched)
+
+    def _drain(self) -> None:
+        """Complete the overlapped step in flight, if any; its deltas come with the next `step`."""
+        if self._inflight is not None:
+            launched, self._inflight = self._inflight, None
+            self._held += self._complete(launched)
+
+    def _launch(
+        self, batch: list[ScheduledSeq], input_ids: torch.Tensor | None = None
+    ) -> LaunchedStep | None:
+        """Start the step of `batch` (input_ids: its tokens on the device, for a successor step). The
+        caches will hold its tokens: num_computed counts them from here on."""
         if not batch:
-            return []
+            return None
         for s in batch:
             if s.start == 0:
                 self.runner.reset_slot(s.seq.slot)  # a fresh sequence: x[t<0] = 0
             if s.seq.restore_snapshot is not None:
                 self.runner.restore_snapshot(s.seq.slot, s.seq.restore_snapshot)
                 s.seq.restore_snapshot = None
-        logits, rows, hidden = self.runner.run(batch)
+        logits, rows, hidden = self.runner.run(batch, input_ids)
         self.stats["steps"] += 1
+        for s in batch:
+            s.seq.num_computed += s.num_tokens
+        step = LaunchedStep(batch, logits, rows, hidden)
+        if self.overlap and all(self._takes_pick(s, successor=input_ids is not None) for s in batch):
+            step.picks = logits[:, : self.num_real_tokens].argmax(-1)  # one row per sequence
+            if step.picks.is_cuda:
+                step.picks_host = self._pick_buffer(len(batch))
+                step.picks_host.copy_(step.picks, non_blocking=True)
+                step.ready = torch.cuda.Event()
+                step.ready.record()
+            else:
+                step.picks_host = step.picks
+        return step
+
+    def _pick_buffer(self, n: int) -> torch.Tensor:
+        """Pinned host memory for a step's picks, two buffers in turn: a step's picks are read before
+        the step after next is launched."""
+        if not self._pick_buffers:
+            size = self.build.max_batch_size
+            self._pick_buffers = [torch.empty(size, dtype=torch.long).pin_memory() for _ in range(2)]
+        self._pick_buffers.reverse()
+        return self._pick_buffers[0][:n]
+
+    @staticmethod
+    def _takes_pick(s: ScheduledSeq, successor: bool) -> bool:
+        """Whether the sequence's next token is the argmax of its one row of this step (a successor's
+        sequences sample, though the token they feed is not in `seq.tokens` yet)."""
+        p = s.seq.params
+        samples = s.samples or successor
+        return samples and not s.num_drafts and not p.num_draft_tokens and p.greedy and p.logprobs is None
+
+    def _launch_successor(self, step: LaunchedStep) -> LaunchedStep | None:
+        """The step that follows `step` whatever its tokens turn out to be, launched now; None where the
+        scheduler has a choice to make (a request waits, a running sequence sat out `step`, blocks run
+        short) or tests override drafts."""
+        live = [s for s in step.batch if not s.seq.finished]
+        if self.scheduler.waiting or self.draft_override is not None:
+            return None
+        if {id(s.seq) for s in live} != {id(seq) for seq in self.scheduler.running}:
+            return None
+        batch, rows = [], []
+        for b, s in enumerate(step.batch):
+            seq = s.seq
+            if seq.finished or len(seq.output_ids) + 1 >= seq.params.max_tokens:
+                continue  # done, or done with this step's token
+            position = s.start + s.num_tokens  # of the token `step` picks
+            if not self.blocks.can_allocate(seq.blocks, position + 1):
+                return None
+            self.blocks.allocate(seq.blocks, position + 1)
+            batch.append(ScheduledSeq(seq, position, 1))
+            rows.append(b)
+        if not batch:
+            return None
+        ids = step.picks
+        if len(rows) < len(step.batch):
+            index = torch.tensor(rows)
+            if ids.is_cuda:  # without waiting for the step in flight (a pageable copy would)
+                index = index.pin_memory().to(ids.device, non_blocking=True)
+            ids = ids[index]
+        self.stats["overlapped_steps"] += 1
+        return self._launch(batch, ids)
+
+    def _complete(self, step: LaunchedStep) -> list[StreamDelta]:
+        """Sample (or take the picks of) a launched step, emit its tokens, settle blocks, run the heads."""
+        picks = None
+        if step.picks_host is not None:
+            if step.ready is not None:
+                step.ready.synchronize()
+            picks = step.picks_host.tolist()
+        logits, rows, hidden = step.logits, step.rows, step.hidden
         deltas, heads = [], []
         offset = 0
-        for b, s in enumerate(batch):
+        for b, s in enumerate(step.batch):
             seq = s.seq
+            if seq.finished:  # finished or aborted while this overlapped step ran: its results are void
+                offset += s.num_tokens
+                continue
             prompt_part = max(0, min(seq.num_prompt, s.start + s.num_tokens) - s.start)
             self.stats["prefill_tokens"] += prompt_part
             self.stats["decode_tokens"] += s.num_tokens - prompt_part
-            seq.num_computed += s.num_tokens
-            delta = self._sample(s, logits[rows[b] : rows[b + 1]]) if s.samples else None
+            delta = None
+            if s.samples:
+                delta = self._sample(s, logits[rows[b] : rows[b + 1]], None if picks is None else picks[b])
             if delta is None or delta.finish_reason is None:
-                self._register_blocks(seq, s)
+                self._register_blocks(seq)
                 self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
                 if seq.params.num_draft_tokens and self.runner.num_heads:
                     kept = seq.num_computed - s.start
@@ -220,17 +350,20 @@ class LLMEngine:
             self._draft(heads)
         return deltas
 
-    def _sample(self, s: ScheduledSeq, logits: torch.Tensor) -> StreamDelta:
-        """The sequence's next tokens from its rows of logits: one sample, or with MTP drafts their
-        verification (greedy: exact match; sampling: rejection sampling), emitting 1..k+1 tokens.
-        Rolls the caches back over rejected drafts."""
+    def _sample(self, s: ScheduledSeq, logits: torch.Tensor, pick: int | None = None) -> StreamDelta:
+        """The sequence's next tokens from its rows of logits: one sample (or `pick`, the greedy token
+        already taken on the device), or with MTP drafts their verification (greedy: exact match;
+        sampling: rejection sampling), emitting 1..k+1 tokens. Rolls the caches back over rejected
+        drafts."""
         seq = s.seq
         state = self.requests[seq.request_id]
         params = seq.params
         real = logits[:, : self.num_real_tokens]
         k = s.num_drafts
         decode = s.num_tokens - k == 1 and bool(seq.output_ids)
-        if k == 0:
+        if pick is not None:
+            tokens, logprobs = [pick], None
+        elif k == 0:
             out = sample(real[0], params, state.generator)
             tokens, logprobs = [out.token], ([out.logprob] if out.logprob is not None else None)
         else:
@@ -391,7 +524,7 @@ class LLMEngine:
             seq.num_computed = n * bs
             seq.restore_snapshot = entries[n - 1].snapshot
 
-    def _register_blocks(self, seq: Sequence, s: ScheduledSeq) -> None:
+    def _register_blocks(self, seq: Sequence) -> None:
         """Register the full blocks that can no longer be rolled back: prompt blocks at once, others
         max_draft_len tokens later. A block whose end the sconv history still holds becomes a restore
         point (its sconv inputs are saved). Registered blocks are shared, so they are never rolled back."""
@@ -414,16 +547,24 @@ class LLMEngine:
     def rollback(self, request_id: str, n: int) -> None:
         """Drop the last n generated tokens of a running sequence as if it never had them: their KV
         (by length), sliding window and sconv state. At most max_draft_len computed tokens, never
-        into the prompt or a registered (shared) block."""
+        into the prompt or a registered (shared) block. With an overlapped step in flight, that step is
+        completed first and its token, which `step` has not returned yet, is dropped as well (one more
+        token of the sconv history)."""
+        self._drain()
+        if request_id not in self.requests:
+            raise ValueError(f"no running request {request_id!r}")
         state = self.requests[request_id]
         seq = state.seq
-        if not 0 <= n <= len(seq.output_ids):
-            raise ValueError(f"cannot roll back {n} of {len(seq.output_ids)} generated tokens")
+        unseen = sum(len(d.token_ids) for d in self._held if d.request_id == request_id)
+        if not 0 <= n <= len(seq.output_ids) - unseen:
+            raise ValueError(f"cannot roll back {n} of {len(seq.output_ids) - unseen} generated tokens")
+        n += unseen
         new_len = len(seq) - n
         new_computed = min(seq.num_computed, new_len - 1)
         if new_computed < len(seq.blocks.hashes) * self.blocks.block_size:
             raise ValueError("cannot roll back into a block already shared through the prefix cache")
         self.runner.rollback(seq.slot, seq.num_computed - new_computed)
+        self._held = [d for d in self._held if d.request_id != request_id]
         seq.num_computed = new_computed
         seq.drafts, seq.head_drafts, seq.drafts_from = [], [], None
         for m in range(1, len(seq.head_computed) + 1):  # head m at t reads tokens up to t + m

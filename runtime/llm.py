@@ -51,13 +51,16 @@ class LLM:
         seed: int = 0,
         cuda_graphs: bool | None = None,
         pad_eager: bool = False,
+        overlap: bool | None = None,
     ):
         """engine: a directory, or an Engine in memory (one rank only). A tensor-parallel engine (tp_size N)
         is loaded here as rank 0, and its other N-1 ranks are started as worker processes (stop them with
         `shutdown()`; they also stop when this process exits). cuda_graphs: replay decode/verify steps and
         MTP drafting from CUDA graphs per (batch, tokens) bucket, on every rank (a CUDA engine). None (the
         default): on for a one-rank CUDA engine with the Triton plugins, off otherwise
-        (runtime.model_runner.default_cuda_graphs). pad_eager (tests): the same buckets and padding, run eagerly (runtime/step_graphs.py)."""
+        (runtime.model_runner.default_cuda_graphs). pad_eager (tests): the same buckets and padding, run eagerly (runtime/step_graphs.py).
+        overlap: launch each decode step before the host has read the previous one's tokens
+        (LLMEngine.step); None: on for a one-rank CUDA engine."""
         self.workers = None
         if isinstance(engine, Engine):
             if engine.tp_size > 1:
@@ -78,8 +81,9 @@ class LLM:
                 self.shutdown()
                 raise
         self.engine = LLMEngine(
-            engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs, pad_eager=pad_eager
-        )
+            engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs, pad_eager=pad_eager,
+            overlap=overlap,
+        )  # fmt: skip
         self.processor = (
             Processor(self.engine.config, self.engine.tokenizer) if self.engine.tokenizer else None
         )

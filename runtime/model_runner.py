@@ -179,11 +179,14 @@ class ModelRunner(EngineRunner):
 
     # A step.
     @torch.no_grad()
-    def run(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int], torch.Tensor]:
-        """Feed each scheduled sequence's new tokens (MTP drafts included). Returns float32 logits of
+    def run(
+        self, batch: list[ScheduledSeq], input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+        """Feed each scheduled sequence's new tokens (MTP drafts included), or `input_ids` (on the
+        device: the picks of a step still running, see LLMEngine.step). Returns float32 logits of
         each sequence's last 1 + num_drafts rows (sequence b's are rows[b]..rows[b+1]-1), the row
         offsets, and the last hidden states h^0 of every token fed [T, H]."""
-        inputs = self.step_inputs(batch)
+        inputs = self.step_inputs(batch, input_ids)
         # Decode/verify steps (each sequence feeds one token and its drafts) replay a graph, on every rank
         # alike: the bucket depends on shapes only, so the ranks' collectives meet with the same shapes.
         graphed = all(s.num_tokens == 1 + s.num_drafts for s in batch)
@@ -209,9 +212,9 @@ class ModelRunner(EngineRunner):
             self.weights, *inputs.to(self.device), self.key_caches, self.value_caches, self.conv_states
         )
 
-    def step_inputs(self, batch: list[ScheduledSeq]) -> StepInputs:
-        """The batch's tokens, media, block tables, slot mappings and state slots (host tensors, but media
-        embeddings stay where the encoders left them)."""
+    def step_inputs(self, batch: list[ScheduledSeq], input_ids: torch.Tensor | None = None) -> StepInputs:
+        """The batch's tokens (or `input_ids`), media, block tables, slot mappings and state slots (host
+        tensors, but media embeddings and input_ids stay where they are)."""
         bs = self.block_size
         B = len(batch)
         q_lens = [s.num_tokens for s in batch]
@@ -228,8 +231,9 @@ class ModelRunner(EngineRunner):
             pos = torch.arange(s.start, s.start + s.num_tokens)
             for g in range(self.num_groups):
                 slots[g, cu[b] : cu[b + 1]] = tables[g, b, pos // bs].long() * bs + pos % bs
-            fed = (seq.tokens + seq.drafts[: s.num_drafts])[s.start : s.start + s.num_tokens]
-            ids.append(torch.tensor(fed, dtype=torch.long))
+            if input_ids is None:
+                fed = (seq.tokens + seq.drafts[: s.num_drafts])[s.start : s.start + s.num_tokens]
+                ids.append(torch.tensor(fed, dtype=torch.long))
             for row, p in enumerate(seq.mm_positions):
                 if s.start <= p < s.start + s.num_tokens:
                     mm_rows.append(seq.mm_embeds[row : row + 1])
@@ -240,7 +244,7 @@ class ModelRunner(EngineRunner):
             [torch.arange(int(cu[b + 1]) - 1 - s.num_drafts, int(cu[b + 1])) for b, s in enumerate(batch)]
         )
         return StepInputs(
-            input_ids=torch.cat(ids),
+            input_ids=torch.cat(ids) if input_ids is None else input_ids,
             mm_embeds=torch.cat([r.to(self.device, self.dtype) for r in mm_rows]),
             mm_positions=torch.tensor(mm_pos),
             cu_seqlens_q=cu,

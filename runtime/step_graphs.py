@@ -255,6 +255,8 @@ class StepGraphs:
                 raise RuntimeError(f"argument {i} is not the object bucket {key} was made with")
         for i, x in pad_ragged(args, self.spec, B, T, Q).items():
             if i != self.spec.q_bound:  # its contents are never read, only its length
+                if entry.args[i].is_cuda and not x.is_cuda:
+                    x = x.pin_memory()  # a copy from pageable memory may wait for the stream's work
                 entry.args[i].copy_(x, non_blocking=True)
         if entry.graph is not None:
             entry.graph.replay()

@@ -166,10 +166,15 @@ def test_cuda_graphs_match_eager(tiny_nvfp4_ckpt_dir, dtype):
                 outs[d.request_id].extend(d.token_ids)
         return list(outs.values())
 
+    modes = {
+        "eager": dict(cuda_graphs=False, overlap=False),
+        "graphed": dict(cuda_graphs=True, overlap=False),
+        "graphed+overlap": dict(cuda_graphs=True, overlap=True),  # the default
+    }
     for k in (0, 3):
-        eager = run(LLMEngine(engine), k)
-        padded = run(LLMEngine(engine, pad_eager=True), k)
-        graphed_eng = LLMEngine(engine, cuda_graphs=True)
+        eager = run(LLMEngine(engine, **modes["eager"]), k)
+        padded = run(LLMEngine(engine, pad_eager=True, overlap=False), k)
+        graphed_eng = LLMEngine(engine, **modes["graphed"])
         graphed = run(graphed_eng, k)
         stats = graphed_eng.runner.graph_stats()
         agree = sum(a == b for a, b in zip(graphed, eager))
@@ -178,10 +183,16 @@ def test_cuda_graphs_match_eager(tiny_nvfp4_ckpt_dir, dtype):
         assert k == 0 or stats["head_graphed"] > 0
         assert graphed == padded
         assert graphed == eager if dtype == "float32" else agree >= 6
+        # Overlapped steps (LLMEngine.step) replay the same graphs: the same tokens, bit for bit.
+        overlapped_eng = LLMEngine(engine)
+        assert overlapped_eng.overlap and overlapped_eng.runner.step_graphs is not None
+        assert run(overlapped_eng, k) == graphed
+        print(f"[overlap {dtype}] k={k}: {overlapped_eng.stats['overlapped_steps']} overlapped steps")
+        assert k or overlapped_eng.stats["overlapped_steps"] >= 8
     for batch in (1, 8):
         times = {}
-        for mode in ("eager", "graphed"):
-            eng = LLMEngine(engine, cuda_graphs=mode == "graphed")
+        for mode, kw in modes.items():
+            eng = LLMEngine(engine, **kw)
             run(eng, 0, batch, 8)  # warm-up: Triton compiles, the buckets are captured
             for i in range(batch):
                 eng.add_request(f"timed{i}", prompts[i], SamplingParams(max_tokens=40, ignore_eos=True))
@@ -193,7 +204,4 @@ def test_cuda_graphs_match_eager(tiny_nvfp4_ckpt_dir, dtype):
                 steps += 1
             torch.cuda.synchronize()
             times[mode] = (time.perf_counter() - start) / steps * 1e3
-        print(
-            f"[cuda graphs {dtype}] batch {batch}: eager {times['eager']:.2f} ms/step, "
-            f"graphed {times['graphed']:.2f} ms/step"
-        )
+        print(f"[cuda graphs {dtype}] batch {batch}: " + ", ".join(f"{m} {t:.2f} ms/step" for m, t in times.items()))
