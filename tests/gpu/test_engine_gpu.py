@@ -204,4 +204,7 @@ def test_cuda_graphs_match_eager(tiny_nvfp4_ckpt_dir, dtype):
                 steps += 1
             torch.cuda.synchronize()
             times[mode] = (time.perf_counter() - start) / steps * 1e3
-        print(f"[cuda graphs {dtype}] batch {batch}: " + ", ".join(f"{m} {t:.2f} ms/step" for m, t in times.items()))
+        print(
+            f"[cuda graphs {dtype}] batch {batch}: "
+            + ", ".join(f"{m} {t:.2f} ms/step" for m, t in times.items())
+        )
