@@ -8,6 +8,8 @@
 #     bash bench/gpu_session.sh attn-e2e    # 1 GPU: attention/MoE variant tests and times, e2e batches 1 and 64
 #     bash bench/gpu_session.sh tp          # 2 GPUs: bench.tp on 2 layers, tensor-parallel tests (NCCL, Lamport)
 #     bash bench/gpu_session.sh overlap     # 1 GPU: overlapped steps (engine test, e2e batch 1 on/off, 64)
+#     bash bench/gpu_session.sh e2e-overlap # 1 GPU: the same without the engine test
+#     bash bench/gpu_session.sh tp-tests    # 2 GPUs: the tensor-parallel tests only
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
 # with torch and Triton: the project runs from this checkout on PYTHONPATH, never from a fresh venv.
@@ -56,23 +58,28 @@ attn-e2e)
         --batches 1,64 --decode_budget_s 25 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
     tar czf "$OUT.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT.tgz" "$OUT/attn-e2e.tgz"
     ;;
-tp)
-    run bench_tp 240 python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
-        --collectives triton --work /tmp/tp --out "$OUT/tp"
+tp | tp-tests)
+    if [ "$1" = tp ]; then
+        run bench_tp 240 python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
+            --collectives triton --work /tmp/tp --out "$OUT/tp"
+    fi
     INKLING_TP_DEVICE=cuda run tp_nccl 150 "${PYTEST[@]}" tests/e2e/test_tp.py -k "same_tokens or step_graphs or mtp"
     INKLING_TP_DEVICE=cuda INKLING_TP_COLLECTIVES=triton run tp_lamport 120 "${PYTEST[@]}" tests/e2e/test_tp.py \
         -k "same_tokens"
     ;;
-overlap)
+overlap | e2e-overlap)
     # overlapped steps: the CUDA-graph engine test (bf16: graphed, overlapped and eager tokens, ms per
-    # step), then inkling-bench decode at batch 1 (with overlap off too, and a profile) and 64
-    run graphs_test 170 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "cuda_graphs and bfloat16"
+    # step; not with e2e-overlap), then inkling-bench decode at batch 1 (with overlap off too, and a
+    # profile) and 64
+    if [ "$1" = overlap ]; then
+        run graphs_test 170 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "cuda_graphs and bfloat16"
+    fi
     run e2e 250 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
         --batches 1,64 --decode_budget_s 20 --profile_batch 1 --overlap_off_batches 1 --reference_peers "" \
         --out "$OUT/e2e"
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|overlap}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap}" >&2
     exit 2
     ;;
 esac

@@ -81,8 +81,8 @@ def record_logits(llm: LLM) -> list[torch.Tensor]:
     """Every step's logits (rank 0's runner), in order."""
     seen, run = [], llm.engine.runner.run
 
-    def recorded(batch):
-        logits, rows, hidden = run(batch)
+    def recorded(batch, input_ids=None):
+        logits, rows, hidden = run(batch, input_ids)
         seen.append(logits.clone())
         return logits, rows, hidden
 
