@@ -292,7 +292,9 @@ class LLMEngine:
         if {id(s.seq) for s in live} != {id(seq) for seq in self.scheduler.running}:
             return None
         batch, rows = [], []
-        for b, s in enumerate(step.batch):
+        # Oldest first, as the scheduler orders decoding sequences: the same batch layout as without
+        # overlap (`step` may have put a sequence that finished its prompt last).
+        for b, s in sorted(enumerate(step.batch), key=lambda x: x[1].seq.arrival):
             seq = s.seq
             if seq.finished or len(seq.output_ids) + 1 >= seq.params.max_tokens:
                 continue  # done, or done with this step's token
@@ -305,7 +307,7 @@ class LLMEngine:
         if not batch:
             return None
         ids = step.picks
-        if len(rows) < len(step.batch):
+        if rows != list(range(len(step.batch))):
             index = torch.tensor(rows)
             if ids.is_cuda:  # without waiting for the step in flight (a pageable copy would)
                 index = index.pin_memory().to(ids.device, non_blocking=True)

@@ -78,6 +78,37 @@ def test_overlapped_steps_change_no_output(engine_f32, reference, prompts):
     assert_all_free(llm)
 
 
+def test_overlapped_steps_have_the_same_layout_and_logits(engine_f32, prompts):
+    """Every step of a run with overlap has the batch layout (sequences, order, positions) and the logits
+    of the same step without overlap, bit for bit: prompts that finish their prefill in different steps
+    (the oldest, 90 tokens in chunks of 16 under a budget of 24, ends its prompt in a step where the
+    short one decodes first) still decode oldest first."""
+
+    def run(overlap: bool) -> list:
+        llm = LLM(engine_f32[0], overlap=overlap)
+        eng = llm.engine
+        eng.scheduler.max_num_tokens, eng.scheduler.chunk_size = 24, 16
+        steps, run = [], eng.runner.run
+
+        def recorded(batch, input_ids=None):
+            logits, rows, hidden = run(batch, input_ids)
+            steps.append(([(s.seq.request_id, s.start, s.num_tokens) for s in batch], logits.clone()))
+            return logits, rows, hidden
+
+        eng.runner.run = recorded
+        for i, p in enumerate(prompts[:2]):
+            eng.add_request(f"r{i}", prompt_input(llm, p), SamplingParams(max_tokens=10, ignore_eos=True))
+        run_all(eng)
+        return steps, eng.stats["overlapped_steps"]
+
+    plain, _ = run(False)
+    got, overlapped = run(True)
+    assert [layout for layout, _ in got] == [layout for layout, _ in plain]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, plain))
+    assert overlapped >= 8
+    assert ("r1", 7, 1) in plain[5][0] and ("r0", 80, 10) in plain[5][0]  # r0's last chunk after r1
+
+
 @pytest.fixture(scope="module")
 def engine_no_drafts(tiny_nvfp4_ckpt_dir):
     """max_draft_len 0: the sconv history holds K-1 rows only, so a block is a restore point only if
