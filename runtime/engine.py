@@ -23,10 +23,12 @@ from .detokenizer import IncrementalDetokenizer
 from .distributed import Workers
 from .model_runner import HeadWork, ModelRunner
 from .params import SamplingParams
-from .sampler import filter_logits, make_generator, sample
+from .sampler import filter_logits, make_generator, sample, sample_token
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 from .speculative import AcceptanceStats, greedy_accept, next_num_drafts, one_hot_probs, rejection_sample
+
+DRAFT_SEED_SALT = 0x5DEECE66D  # a request's MTP rejection-sampling generator: its seed XOR this
 
 
 @dataclass
@@ -71,7 +73,8 @@ class StreamDelta:
 class RequestState:
     seq: Sequence
     detok: IncrementalDetokenizer
-    generator: torch.Generator | None
+    generator: torch.Generator | None  # on the engine's device: sampling
+    draft_generator: torch.Generator | None  # on the CPU: MTP rejection sampling
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -83,8 +86,8 @@ class RequestState:
 @dataclass
 class LaunchedStep:
     """A step whose program is on its way (on a GPU it runs while the host goes on): its batch and
-    outputs, and, where each sequence takes the greedy pick of one row, those picks computed on the
-    device and copied to the host without waiting (`ready` says when they are there)."""
+    outputs, and, where each sequence takes one token from one row, those picks (argmax or draw) made on
+    the device and copied to the host without waiting (`ready` says when they are there)."""
 
     batch: list[ScheduledSeq]
     logits: torch.Tensor
@@ -166,9 +169,12 @@ class LLMEngine:
         seq.head_computed = [0] * min(params.num_draft_tokens, self.runner.num_heads)
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + self.num_requests) % 2**63
         self.num_requests += 1
-        generator = None if params.greedy else make_generator(seed)
+        generator = None if params.greedy else make_generator(seed, self.runner.device)
+        draft_generator = None  # a stream of its own: the same seed would correlate it with `generator`
+        if not params.greedy and params.num_draft_tokens:
+            draft_generator = make_generator(seed ^ DRAFT_SEED_SALT)
         detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
-        self.requests[request_id] = RequestState(seq, detok, generator)
+        self.requests[request_id] = RequestState(seq, detok, generator, draft_generator)
         self.scheduler.add(seq)
 
     def validate(self, ids: list[int], params: SamplingParams, prompt: PromptInput) -> None:
@@ -213,8 +219,8 @@ class LLMEngine:
     def step(self) -> list[StreamDelta]:
         """Run one step and return its deltas.
 
-        With overlap, a step that gives every sequence one greedy token (no drafts, sampling or
-        logprobs) leaves its picks on the device, and the step that must follow it (every running
+        With overlap, a step that gives every sequence one token (no drafts, MTP or logprobs) leaves
+        its picks (argmax or draw) on the device, and the step that must follow it (every running
         sequence feeds that token; nobody waits) is launched before the host reads them: the host
         builds step n+1's inputs while the GPU runs step n. A sequence that then turns out to have
         finished (eos, a stop string, an abort) wasted one token of work in step n+1, whose results for
@@ -255,7 +261,7 @@ class LLMEngine:
             s.seq.num_computed += s.num_tokens
         step = LaunchedStep(batch, logits, rows, hidden)
         if self.overlap and all(self._takes_pick(s, successor=input_ids is not None) for s in batch):
-            step.picks = logits[:, : self.num_real_tokens].argmax(-1)  # one row per sequence
+            step.picks = self._picks(batch, logits[:, : self.num_real_tokens])  # one row per sequence
             if step.picks.is_cuda:
                 step.picks_host = self._pick_buffer(len(batch))
                 step.picks_host.copy_(step.picks, non_blocking=True)
@@ -276,11 +282,24 @@ class LLMEngine:
 
     @staticmethod
     def _takes_pick(s: ScheduledSeq, successor: bool) -> bool:
-        """Whether the sequence's next token is the argmax of its one row of this step (a successor's
-        sequences sample, though the token they feed is not in `seq.tokens` yet)."""
+        """Whether the sequence's next token is drawn on the device from its one row of this step, with
+        nothing for the host to read (a successor's sequences sample, though the token they feed is not
+        in `seq.tokens` yet)."""
         p = s.seq.params
         samples = s.samples or successor
-        return samples and not s.num_drafts and not p.num_draft_tokens and p.greedy and p.logprobs is None
+        return samples and not s.num_drafts and not p.num_draft_tokens and p.logprobs is None
+
+    def _picks(self, batch: list[ScheduledSeq], logits: torch.Tensor) -> torch.Tensor:
+        """Each sequence's next token from its row of `logits`, on the device: the argmax, or a draw
+        from the request's generator (the draw `_sample` would make, so the tokens are the same)."""
+        if all(s.seq.params.greedy for s in batch):
+            return logits.argmax(-1)
+        return torch.stack(
+            [
+                sample_token(row, s.seq.params, self.requests[s.seq.request_id].generator)
+                for s, row in zip(batch, logits)
+            ]
+        )
 
     def _launch_successor(self, step: LaunchedStep) -> LaunchedStep | None:
         """The step that follows `step` whatever its tokens turn out to be, launched now; None where the
@@ -353,8 +372,8 @@ class LLMEngine:
         return deltas
 
     def _sample(self, s: ScheduledSeq, logits: torch.Tensor, pick: int | None = None) -> StreamDelta:
-        """The sequence's next tokens from its rows of logits: one sample (or `pick`, the greedy token
-        already taken on the device), or with MTP drafts their verification (greedy: exact match;
+        """The sequence's next tokens from its rows of logits: one sample (or `pick`, the token already
+        drawn on the device), or with MTP drafts their verification (greedy: exact match;
         sampling: rejection sampling), emitting 1..k+1 tokens. Rolls the caches back over rejected
         drafts."""
         seq = s.seq
@@ -375,7 +394,7 @@ class LLMEngine:
             else:
                 probs = torch.softmax(torch.stack([filter_logits(r, params) for r in real]), -1).cpu()
                 q = one_hot_probs(drafts, probs.shape[-1])
-                tokens = rejection_sample(drafts, q, probs, state.generator)
+                tokens = rejection_sample(drafts, q, probs, state.draft_generator)
             logprobs = None
             if params.logprobs is not None:
                 logp = torch.log_softmax(real.float(), -1)

@@ -1,7 +1,10 @@
 """Sampling from logits: greedy, temperature, top-k, top-p, per-request seeds, optional logprobs.
 
-Each request owns a torch.Generator seeded from its seed (or from the engine's seed and its request
-number), so a request's samples do not depend on what else is in the batch: reproducible.
+Each request owns a torch.Generator on the logits' device, seeded from its seed (or from the engine's
+seed and its request number), so a request's samples do not depend on what else is in the batch:
+reproducible (on one kind of device). A draw is the exponential race argmax(p / E), E ~ Exp(1) drawn from
+that generator, which picks token i with probability p_i exactly and never leaves the device: an
+overlapped step (LLMEngine.step) feeds it to the next step without the host reading it.
 """
 
 from __future__ import annotations
@@ -35,13 +38,22 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return x
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Sample:
-    """One token from float32 logits [V] (padded vocabulary rows already cut off)."""
+def sample_token(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One token from float32 logits [V] (padded vocabulary rows already cut off), as a 0-dim int64
+    tensor on their device; no host sync."""
     if params.greedy:
-        token = int(torch.argmax(logits))
-    else:
-        probs = torch.softmax(filter_logits(logits, params), -1)
-        token = int(torch.multinomial(probs.cpu(), 1, generator=generator))
+        return torch.argmax(logits)
+    probs = torch.softmax(filter_logits(logits, params), -1)
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return torch.argmax(probs / race)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Sample:
+    """One token from float32 logits [V] (padded vocabulary rows already cut off), with its logprobs if
+    asked."""
+    token = int(sample_token(logits, params, generator))
     if params.logprobs is None:
         return Sample(token)
     logp = torch.log_softmax(logits.float(), -1)
@@ -52,7 +64,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return Sample(token, float(logp[token]), top)
 
 
-def make_generator(seed: int) -> torch.Generator:
-    g = torch.Generator()
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    g = torch.Generator(device=device)
     g.manual_seed(seed)
     return g

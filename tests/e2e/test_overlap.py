@@ -19,8 +19,8 @@ from .test_runtime import prompt_input, reference_greedy, run_all
 
 
 def script(llm: LLM, prompts, stop_token: int | None) -> tuple[dict, dict, dict]:
-    """Requests that join, finish by length, stop token and stop string, sample (which stops the
-    overlap while it runs), and one aborted after its fifth token (with overlap, while its next step
+    """Requests that join, finish by length, stop token and stop string, sample (drawn on the device,
+    so it overlaps too), and one aborted after its fifth token (with overlap, while its next step
     runs); 60 calls of step(). Returns each request's tokens, finish reasons and text. (A request that
     joins while a step is in flight is admitted one call later with overlap: the outputs, not the
     calls, are compared.)"""
@@ -72,8 +72,8 @@ def test_overlapped_steps_change_no_output(engine_f32, reference, prompts):
     assert want[1]["stop"] == "stop" and want[1]["aborted"] == "abort" and len(want[0]["long"]) == 40
     assert len(want[0]["aborted"]) == 5
     assert want[0]["long"] == reference_greedy(reference, prompts[0], 40)
-    # The overlap really ran: 28 of the 41 steps (not prefills, joins, or while "sampled" ran).
-    assert llm.engine.stats["overlapped_steps"] >= 25, llm.engine.stats
+    # The overlap really ran: 34 of the 41 steps ("sampled" included; not prefills or joins).
+    assert llm.engine.stats["overlapped_steps"] >= 30, llm.engine.stats
     assert llm.engine.stats["generated_tokens"] == plain.engine.stats["generated_tokens"]
     assert_all_free(llm)
 
@@ -193,7 +193,7 @@ def test_soak_with_overlap(engine_f32):
 
     plain, plain_aborted, _ = soak(False)
     got, got_aborted, overlapped = soak(True)
-    assert overlapped > 5  # 12: requests keep arriving
+    assert overlapped >= 15, overlapped  # 22: requests keep arriving
     for rid in (f"s{i}" for i in range(80)):
         want, have = plain.get(rid, []), got.get(rid, [])
         if rid in plain_aborted | got_aborted:
