@@ -16,6 +16,7 @@ rank) over GPU.md's bandwidth; the collectives' latency (two per layer) is not i
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import os
@@ -58,13 +59,16 @@ def run(llm: LLM, prompt: torch.Tensor, args: argparse.Namespace) -> tuple[dict,
 def run_tp(args: argparse.Namespace, config, n: int, prompt: torch.Tensor) -> tuple[list[int], dict]:
     """Build tp_size n in memory, save it, run it from its directory with its workers; then remove it."""
     engine, build_s = build_engine(args, config, n)
+    _log(f"tp {n}: built in {build_s:.1f} s, saving")
     path = os.path.join(args.work, f"tp{n}")
     start = time.perf_counter()
     engine.save(path, force=True)
     save_s = time.perf_counter() - start
     del engine
     _free(args.device)
+    _log(f"tp {n}: saved in {save_s:.1f} s, loading (rank 0 here, the others as workers)")
     llm, load_s = timed(lambda: LLM(path, cuda_graphs=args.cuda_graphs))
+    _log(f"tp {n}: loaded in {load_s:.1f} s, running")
     try:
         figures, tokens = run(llm, prompt, args)
     finally:
@@ -97,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.device == "cuda":  # a stall (a collective, a load) says where it is, once a minute
+        faulthandler.dump_traceback_later(60, repeat=True)
     config, _ = synth_config(args.preset, layers=args.layers, mtp_heads=0, nvfp4=True)
     prompt = tier_prompts(build_tokenizer(), config.token_id("bos"), args.context)["mixed"]
     results: dict = {
@@ -109,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": {},
     }
     engine, build_s = build_engine(args, config, 1)
+    _log(f"tp 1: built in memory in {build_s:.1f} s, running")
     llm = LLM(engine, cuda_graphs=args.cuda_graphs)
     figures, want = run(llm, prompt, args)
     results["runs"][1] = {"build_s": build_s, **figures}
@@ -137,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     write_table(results, os.path.join(args.out, "results.md"))
     print(open(os.path.join(args.out, "results.md")).read())
     return 0
+
+
+def _log(message: str) -> None:
+    print(f"[bench] {time.strftime('%H:%M:%S')} {message}", flush=True)
 
 
 def _free(device: str) -> None:

@@ -84,9 +84,12 @@ def choose_config(
         # (H200, bench/results/attention.md: decode block_n 128 beat 64 by 1.1-2x; verify 64 beat 128)
         heads = group
         block_q = max(triton.next_power_of_2(max_seqlen_q), triton.cdiv(16, group))
-        if (
-            block_q == 8 and group <= 8
-        ):  # H200, Triton 3.6: ptxas spent 180-260 s on this variant (group 8, block_n 64)
+        if max_seqlen_q > 1 and block_q < 16 and group <= 8 and not float32:
+            # A verify takes the one-band-per-head path (BAND_3D needs block_q >= 16). Below 16 the
+            # heads' bands sit side by side, [group * block_q, group * band] floats per tile: on the
+            # H200 (inkling-bench, group 8, 8K context) a graphed step of 4 tokens took 20.1 ms against
+            # 8.6 ms for 9 tokens at block_q 16; and ptxas spent 180-260 s on block_q 8 (Triton 3.6).
+            # (float32 keeps its cap of 32 rows: compile time.)
             block_q = 16
         block_n = 16 if small else (128 if max_seqlen_q == 1 else 64)
         num_warps, num_stages = 4, 2

@@ -184,6 +184,8 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         (DECODE, 0, AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=3)),
         (DECODE, 32, AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=7)),
         (VERIFY, 0, AttentionConfig(heads=4, block_q=16, block_n=16, num_splits=4)),
+        # a verify of fewer queries than block_q (the GPU default for q 2..8, bf16)
+        ([(100, 4), (65, 2)], 0, AttentionConfig(heads=4, block_q=16, block_n=16, num_splits=2)),
         (VERIFY[:3], 32, AttentionConfig(heads=1, block_q=16, block_n=32, num_splits=2)),
         (CHUNKED[:2], 0, AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=5)),
         # the previous GPU default for prefill (gather shear, 32x32)
@@ -211,6 +213,7 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         "decode",
         "decode-sliding",
         "verify-packed",
+        "verify-packed-short",
         "verify-unpacked",
         "chunked",
         "prefill-gather-32x32",
@@ -237,11 +240,12 @@ def test_choose_config_is_shape_only(monkeypatch):
     assert decode.heads == 8 and decode.num_splits > 1
     prefill = launcher.choose_config(4, 64, 8, 4096, 4096, num_sms=132)
     assert prefill.heads == 1 and prefill.num_splits == 1 and prefill.shear == "scratch"
-    verify = launcher.choose_config(2, 64, 8, 9, 8192, num_sms=132)
-    assert verify.heads == 8 and verify.block_q == 16
+    for q_len in (2, 4, 9):  # every verify of group 8 takes one band per head (block_q 16)
+        verify = launcher.choose_config(2, 64, 8, q_len, 8192, num_sms=132)
+        assert verify.heads == 8 and verify.block_q == 16
     # float32 (tests) on the GPU: tiles of at most 32 x 32, which compile in seconds
     monkeypatch.setattr(launcher, "interpreting", lambda: False)
-    for q_len in (1, 9, 4096):
+    for q_len in (1, 2, 4, 9, 4096):
         c = launcher.choose_config(2, 64, 8, q_len, 8192, num_sms=132, float32=True)
         assert c.heads * c.block_q <= 32 and c.block_n <= 32, c
 
