@@ -63,7 +63,8 @@ tp | tp-tests)
         run bench_tp 240 python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
             --collectives triton --work /tmp/tp --out "$OUT/tp"
     fi
-    INKLING_TP_DEVICE=cuda run tp_nccl 150 "${PYTEST[@]}" tests/e2e/test_tp.py -k "same_tokens or step_graphs or mtp"
+    INKLING_TP_DEVICE=cuda run tp_nccl 150 "${PYTEST[@]}" tests/e2e/test_tp.py \
+        -k "same_tokens or step_graphs or mtp or overlapped"
     INKLING_TP_DEVICE=cuda INKLING_TP_COLLECTIVES=triton run tp_lamport 120 "${PYTEST[@]}" tests/e2e/test_tp.py \
         -k "same_tokens"
     ;;

@@ -67,7 +67,7 @@ def run_tp(args: argparse.Namespace, config, n: int, prompt: torch.Tensor) -> tu
     del engine
     _free(args.device)
     _log(f"tp {n}: saved in {save_s:.1f} s, loading (rank 0 here, the others as workers)")
-    llm, load_s = timed(lambda: LLM(path, cuda_graphs=args.cuda_graphs))
+    llm, load_s = timed(lambda: LLM(path, cuda_graphs=args.cuda_graphs, overlap=args.tp_overlap or None))
     _log(f"tp {n}: loaded in {load_s:.1f} s, running")
     try:
         figures, tokens = run(llm, prompt, args)
@@ -91,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--decode_budget_s", type=float, default=60.0)
     ap.add_argument("--cuda_graphs", action="store_true")
+    ap.add_argument(
+        "--tp_overlap",
+        action="store_true",
+        help="overlapped steps for tp_size > 1 too (tp_size 1 has them by default on the GPU)",
+    )
     ap.add_argument(
         "--collectives", default="auto", help="auto (NCCL/gloo) or triton (the Lamport kernel, CUDA)"
     )

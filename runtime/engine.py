@@ -115,10 +115,10 @@ class LLMEngine:
         engines with the Triton plugins; None: on for one such rank, runtime.model_runner.default_cuda_graphs). pad_eager (tests): the same padding
         to the buckets, run eager (runtime/step_graphs.py).
         overlap: launch the next decode step before the host has the current one's tokens, where that
-        step is certain (see `step`); None: on for a one-rank CUDA engine."""
-        if overlap and workers is not None:
-            raise ValueError("overlapped steps need one rank (the ranks mirror host-built inputs)")
+        step is certain (see `step`); None: on for a one-rank CUDA engine (tensor-parallel: opt in)."""
         self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager)
+        # Tensor-parallel ranks opt in (the picks reach the other ranks by a broadcast) until that path has
+        # run on GPUs.
         self.overlap = self.runner.device.type == "cuda" and workers is None if overlap is None else overlap
         bc = engine.build_config
         self.build = bc

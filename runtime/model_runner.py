@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 import plugins  # noqa: F401  (the programs call torch.ops.inkling.*)
 from builder.engine import Engine
@@ -190,12 +191,39 @@ class ModelRunner(EngineRunner):
         # Decode/verify steps (each sequence feeds one token and its drafts) replay a graph, on every rank
         # alike: the bucket depends on shapes only, so the ranks' collectives meet with the same shapes.
         graphed = all(s.num_tokens == 1 + s.num_drafts for s in batch)
-        self._mirror("execute", inputs, graphed)
+        if self.workers is not None:
+            self._mirror_step(inputs, graphed, broadcast_ids=input_ids is not None)
         logits, hidden = self.execute(inputs, graphed)
         rows = [0]
         for s in batch:
             rows.append(rows[-1] + 1 + s.num_drafts)
         return logits, rows, hidden
+
+    def _mirror_step(self, inputs: StepInputs, graphed: bool, broadcast_ids: bool) -> None:
+        """Rank 0 of a tensor-parallel engine: have every other rank run this step. Nothing here waits
+        for the device: a step without media sends a host zero row for the media splice, and an
+        overlapped step's input ids (picks still on the device) follow by a broadcast that the devices
+        order (`execute_broadcast`)."""
+        remote = inputs
+        if inputs.mm_positions.numel() == 1:  # only the splice's dummy row
+            dummy = torch.zeros(1, inputs.mm_embeds.shape[1], dtype=inputs.mm_embeds.dtype)
+            remote = dataclasses.replace(remote, mm_embeds=dummy)
+        if broadcast_ids:
+            remote = dataclasses.replace(
+                remote, input_ids=torch.zeros(inputs.input_ids.shape, dtype=torch.long)
+            )
+            self.workers.call("execute_broadcast", remote, graphed)
+            dist.broadcast(inputs.input_ids, src=0)
+        else:
+            self.workers.call("execute", remote, graphed)
+
+    @torch.no_grad()
+    def execute_broadcast(self, inputs: StepInputs, graphed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A worker's side of an overlapped step: its input ids come from rank 0 by broadcast (`inputs`
+        holds a placeholder of their shape)."""
+        ids = torch.empty(inputs.input_ids.shape, dtype=torch.long, device=self.device)
+        dist.broadcast(ids, src=0)
+        return self.execute(dataclasses.replace(inputs, input_ids=ids), graphed)
 
     @torch.no_grad()
     def execute(self, inputs: StepInputs, graphed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

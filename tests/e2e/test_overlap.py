@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from builder import BuildConfig, build
-from runtime import LLM, LLMEngine, PromptInput, SamplingParams
+from runtime import LLM, PromptInput, SamplingParams
 
 from .conftest import SMALL
 from .test_runtime import prompt_input, reference_greedy, run_all
@@ -202,8 +202,3 @@ def test_soak_with_overlap(engine_f32):
         else:
             assert have == want, rid
     assert len(plain_aborted | got_aborted) >= 5
-
-
-def test_overlap_needs_one_rank():
-    with pytest.raises(ValueError, match="one rank"):
-        LLMEngine(None, workers=object(), overlap=True)

@@ -244,6 +244,24 @@ def test_step_graphs_on_every_rank(engine_dirs, baseline):
     assert all(p.poll() == 0 for p in llm.workers.procs)
 
 
+def test_overlapped_steps_on_every_rank(engine_dirs, baseline):
+    """tp 2 with overlapped steps (opt-in for tensor parallelism): the successor's input ids reach rank 1
+    by a broadcast from rank 0's device; tokens and logits equal tp 1's (plain and from the prefix
+    cache), and most decode steps overlapped."""
+    if DEVICE == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("tp_size 2 needs 2 GPUs")
+    llm = LLM(engine_dirs[2], overlap=True)
+    try:
+        tokens, logits = generate(llm)
+        want_tokens, want_logits, _ = baseline
+        assert tokens == want_tokens and len(logits) == len(want_logits)
+        assert max(float((a - b).abs().max()) for a, b in zip(logits, want_logits)) < LOGIT_ATOL
+        assert llm.engine.stats["overlapped_steps"] >= 6, llm.engine.stats
+    finally:
+        llm.shutdown()
+    assert all(p.poll() == 0 for p in llm.workers.procs)
+
+
 def test_wrong_world_size_is_refused(engine_dirs):
     with pytest.raises(EngineError, match="built for tp_size 2 and runs on exactly 2 ranks, not 4"):
         Engine.from_dir(engine_dirs[2], world_size=4)
