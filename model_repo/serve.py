@@ -63,6 +63,7 @@ class ServeConfig:
     num_blocks: int = 0  # 0: the runtime's default
     engine_threads: int = 0  # torch threads of the engine loop (0: torch's default)
     cuda_graphs: bool | None = None  # decode/verify steps from CUDA graphs (None: the runtime's default)
+    overlap: bool | None = None  # overlapped decode steps (None: the runtime's default)
     log_verbose: int = 0
 
     def __post_init__(self) -> None:
@@ -184,6 +185,7 @@ def template_values(cfg: ServeConfig) -> dict[str, str]:
         "num_blocks": str(cfg.num_blocks),
         "engine_threads": str(cfg.engine_threads),
         "cuda_graphs": {None: "auto", True: "1", False: "0"}[cfg.cuda_graphs],
+        "overlap": {None: "auto", True: "1", False: "0"}[cfg.overlap],
         "max_text_bytes": str(cfg.max_text_bytes),
         "max_images": str(cfg.max_images),
         "max_audios": str(cfg.max_audios),
@@ -352,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         help="decode steps from CUDA graphs (default: on for a one-GPU engine with the Triton plugins)",
     )
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        help="launch each decode step before the host reads the previous one's tokens (default: on for a "
+        "one-GPU engine)",
+    )
     p.add_argument("--log-verbose", type=int, default=0)
     args = p.parse_args(argv)
     cfg = ServeConfig(
@@ -369,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         num_blocks=args.num_blocks,
         engine_threads=args.engine_threads,
         cuda_graphs=args.cuda_graphs,
+        overlap=args.overlap,
         log_verbose=args.log_verbose,
     )
     server = TritonServer(cfg)

@@ -181,8 +181,9 @@ class EngineLoop:
         num_blocks: int | None = None,
         seed: int = 0,
         cuda_graphs: bool | None = None,
+        overlap: bool | None = None,
     ):
-        self.llm = LLM(engine, num_blocks, seed, cuda_graphs)
+        self.llm = LLM(engine, num_blocks, seed, cuda_graphs, overlap=overlap)
         self.engine = self.llm.engine
         self._inbox: queue.Queue = queue.Queue()
         self._callbacks: dict[str, Callable[[StreamDelta], Any]] = {}

@@ -445,13 +445,15 @@ def test_metrics_endpoint(server):
 
 
 def test_repository_carries_the_engine_options(engine_f32, tmp_path):
-    """`--cuda-graphs` and the engine's other options reach the `inkling` model's parameters."""
+    """`--cuda-graphs`, `--overlap` and the engine's other options reach the `inkling` model's parameters."""
     from model_repo.serve import fill_repository
 
     for graphs, want in ((False, "0"), (True, "1")):
         cfg = ServeConfig(
-            engine_dir=str(engine_f32[1]), work_dir=str(tmp_path), cuda_graphs=graphs, num_blocks=77
-        )
+            engine_dir=str(engine_f32[1]), work_dir=str(tmp_path), cuda_graphs=graphs, overlap=not graphs,
+            num_blocks=77,
+        )  # fmt: skip
         text = (fill_repository(cfg, tmp_path / "repo") / "inkling" / "config.pbtxt").read_text()
         assert f'key: "cuda_graphs" value: {{ string_value: "{want}" }}' in text
+        assert f'key: "overlap" value: {{ string_value: "{"1" if want == "0" else "0"}" }}' in text
         assert 'key: "num_blocks" value: { string_value: "77" }' in text

@@ -67,8 +67,10 @@ class TritonPythonModel:
         num_threads = int(parameter(cfg, "num_threads", "0"))
         if num_threads:
             torch.set_num_threads(num_threads)
-        cuda_graphs = {"auto": None, "1": True, "0": False}[parameter(cfg, "cuda_graphs", "auto")]
-        self.loop = EngineLoop(engine_dir, num_blocks=num_blocks, cuda_graphs=cuda_graphs)
+        switch = {"auto": None, "1": True, "0": False}
+        cuda_graphs = switch[parameter(cfg, "cuda_graphs", "auto")]
+        overlap = switch[parameter(cfg, "overlap", "auto")]
+        self.loop = EngineLoop(engine_dir, num_blocks=num_blocks, cuda_graphs=cuda_graphs, overlap=overlap)
         self.in_flight: dict[str, InFlight] = {}
         self.lock = threading.Lock()
         self.outbox: queue.Queue[StreamDelta | None] = queue.Queue()
