@@ -95,6 +95,7 @@ class LaunchedStep:
     hidden: torch.Tensor
     picks: torch.Tensor | None = None  # [B] int64 on the device: the next step's input ids
     picks_host: torch.Tensor | None = None
+    logprobs_host: torch.Tensor | None = None  # [B] float32: each pick's logprob (NaN where not asked)
     ready: torch.cuda.Event | None = None
 
 
@@ -219,7 +220,7 @@ class LLMEngine:
     def step(self) -> list[StreamDelta]:
         """Run one step and return its deltas.
 
-        With overlap, a step that gives every sequence one token (no drafts, MTP or logprobs) leaves
+        With overlap, a step that gives every sequence one token (no drafts or MTP) leaves
         its picks (argmax or draw) on the device, and the step that must follow it (every running
         sequence feeds that token; nobody waits) is launched before the host reads them: the host
         builds step n+1's inputs while the GPU runs step n. A sequence that then turns out to have
@@ -261,14 +262,19 @@ class LLMEngine:
             s.seq.num_computed += s.num_tokens
         step = LaunchedStep(batch, logits, rows, hidden)
         if self.overlap and all(self._takes_pick(s, successor=input_ids is not None) for s in batch):
-            step.picks = self._picks(batch, logits[:, : self.num_real_tokens])  # one row per sequence
+            real = logits[:, : self.num_real_tokens]  # one row per sequence
+            step.picks = self._picks(batch, real)
+            logprobs = self._pick_logprobs(batch, real, step.picks)
             if step.picks.is_cuda:
                 step.picks_host = self._pick_buffer(len(batch))
                 step.picks_host.copy_(step.picks, non_blocking=True)
+                if logprobs is not None:
+                    step.logprobs_host = torch.empty(logprobs.shape, dtype=logprobs.dtype).pin_memory()
+                    step.logprobs_host.copy_(logprobs, non_blocking=True)
                 step.ready = torch.cuda.Event()
                 step.ready.record()
             else:
-                step.picks_host = step.picks
+                step.picks_host, step.logprobs_host = step.picks, logprobs
         return step
 
     def _pick_buffer(self, n: int) -> torch.Tensor:
@@ -285,9 +291,8 @@ class LLMEngine:
         """Whether the sequence's next token is drawn on the device from its one row of this step, with
         nothing for the host to read (a successor's sequences sample, though the token they feed is not
         in `seq.tokens` yet)."""
-        p = s.seq.params
         samples = s.samples or successor
-        return samples and not s.num_drafts and not p.num_draft_tokens and p.logprobs is None
+        return samples and not s.num_drafts and not s.seq.params.num_draft_tokens
 
     def _picks(self, batch: list[ScheduledSeq], logits: torch.Tensor) -> torch.Tensor:
         """Each sequence's next token from its row of `logits`, on the device: the argmax, or a draw
@@ -298,6 +303,22 @@ class LLMEngine:
             [
                 sample_token(row, s.seq.params, self.requests[s.seq.request_id].generator)
                 for s, row in zip(batch, logits)
+            ]
+        )
+
+    @staticmethod
+    def _pick_logprobs(
+        batch: list[ScheduledSeq], logits: torch.Tensor, picks: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Each pick's logprob where its request asks for logprobs (as `sample` computes it), else NaN;
+        None where nobody asks."""
+        if all(s.seq.params.logprobs is None for s in batch):
+            return None
+        nan = torch.full((), float("nan"), device=logits.device)
+        return torch.stack(
+            [
+                torch.log_softmax(row.float(), -1)[pick] if s.seq.params.logprobs is not None else nan
+                for s, row, pick in zip(batch, logits, picks)
             ]
         )
 
@@ -336,11 +357,13 @@ class LLMEngine:
 
     def _complete(self, step: LaunchedStep) -> list[StreamDelta]:
         """Sample (or take the picks of) a launched step, emit its tokens, settle blocks, run the heads."""
-        picks = None
+        picks = logprobs = None
         if step.picks_host is not None:
             if step.ready is not None:
                 step.ready.synchronize()
             picks = step.picks_host.tolist()
+            if step.logprobs_host is not None:
+                logprobs = step.logprobs_host.tolist()
         logits, rows, hidden = step.logits, step.rows, step.hidden
         deltas, heads = [], []
         offset = 0
@@ -354,7 +377,8 @@ class LLMEngine:
             self.stats["decode_tokens"] += s.num_tokens - prompt_part
             delta = None
             if s.samples:
-                delta = self._sample(s, logits[rows[b] : rows[b + 1]], None if picks is None else picks[b])
+                pick = None if picks is None else (picks[b], None if logprobs is None else logprobs[b])
+                delta = self._sample(s, logits[rows[b] : rows[b + 1]], pick)
             if delta is None or delta.finish_reason is None:
                 self._register_blocks(seq)
                 self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
@@ -371,9 +395,11 @@ class LLMEngine:
             self._draft(heads)
         return deltas
 
-    def _sample(self, s: ScheduledSeq, logits: torch.Tensor, pick: int | None = None) -> StreamDelta:
+    def _sample(
+        self, s: ScheduledSeq, logits: torch.Tensor, pick: tuple[int, float | None] | None = None
+    ) -> StreamDelta:
         """The sequence's next tokens from its rows of logits: one sample (or `pick`, the token already
-        drawn on the device), or with MTP drafts their verification (greedy: exact match;
+        drawn on the device and its logprob), or with MTP drafts their verification (greedy: exact match;
         sampling: rejection sampling), emitting 1..k+1 tokens. Rolls the caches back over rejected
         drafts."""
         seq = s.seq
@@ -383,7 +409,7 @@ class LLMEngine:
         k = s.num_drafts
         decode = s.num_tokens - k == 1 and bool(seq.output_ids)
         if pick is not None:
-            tokens, logprobs = [pick], None
+            tokens, logprobs = [pick[0]], (None if params.logprobs is None else [pick[1]])
         elif k == 0:
             out = sample(real[0], params, state.generator)
             tokens, logprobs = [out.token], ([out.logprob] if out.logprob is not None else None)
