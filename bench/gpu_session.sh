@@ -22,9 +22,11 @@ mkdir -p "$OUT"
 PYTEST=(python3 -X faulthandler -m pytest -q -s -p no:cacheprovider -o faulthandler_timeout=60)
 
 run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, record the exit code
+    # At the limit the command gets SIGABRT, on which Python's faulthandler dumps every thread's stack
+    # into the log (rc 124), then SIGKILL 10 s later.
     local name=$1 limit=$2
     shift 2
-    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    PYTHONFAULTHANDLER=1 timeout -s ABRT -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
     echo "rc $?" >>"$OUT/$name.log"
     echo "== $name: $(tail -n 1 "$OUT/$name.log")"
 }
