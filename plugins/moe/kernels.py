@@ -152,6 +152,27 @@ def _expert_weights(
 
 
 @triton.jit
+def _nvfp4_tile(
+    w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K: tl.constexpr
+):
+    """The E2M1 codes [BLOCK_N, BLOCK_K // 2] (two per byte, low nibble = even column) and the block
+    scales [BLOCK_N, BLOCK_K // 16] of W's rows offs_n, columns k0..k0+BLOCK_K-1. The scales are §9's
+    float32(float32(scale) * scale_2), times 2^14 to undo the fp16 placement of `_e2m1_f16`."""
+    offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    codes = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_b[None, :], mask=n_mask[:, None], other=0)
+    offs_s = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+    scale = tl.load(ws_ptr + offs_n[:, None] * stride_wsn + offs_s[None, :], mask=n_mask[:, None], other=0.0)
+    return codes, (scale.to(tl.float32) * global_scale) * 16384.0
+
+
+@triton.jit
+def _e2m1_f16(q):
+    """E2M1 codes s.e1e0.m -> fp16 s.000e1e0.m000000000: exactly the E2M1 value times 2^-14 (subnormals
+    included), so a float32 product with `_nvfp4_tile`'s scale is bit-exact §9."""
+    return (((q & 7).to(tl.uint16) << 9) | ((q & 8).to(tl.uint16) << 12)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def _weight_tile(
     w_ptr,  # this expert's weights
     ws_ptr,  # this expert's block scales (NVFP4)
@@ -168,22 +189,14 @@ def _weight_tile(
 ):
     """[BLOCK_N, BLOCK_K] of W (rows offs_n, columns k0..k0+BLOCK_K-1) in DTYPE."""
     if NVFP4:
-        offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        codes = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_b[None, :], mask=n_mask[:, None], other=0)
-        offs_s = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        scale = tl.load(
-            ws_ptr + offs_n[:, None] * stride_wsn + offs_s[None, :], mask=n_mask[:, None], other=0.0
+        codes, scale = _nvfp4_tile(
+            w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K
         )
-        # §9's float32(float32(scale) * scale_2), times 2^14 to undo the fp16 placement below.
-        scale = (scale.to(tl.float32) * global_scale) * 16384.0
         scale = tl.reshape(
             tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)), (BLOCK_N, BLOCK_K)
         )
         q = tl.reshape(tl.join(codes & 0xF, codes >> 4), (BLOCK_N, BLOCK_K))  # low nibble = even column
-        # E2M1 s.e1e0.m -> fp16 bits s.000e1e0.m000000000: exactly the E2M1 value times 2^-14
-        # (subnormals included), so the product below is bit-exact §9 in float32.
-        bits = ((q & 7).to(tl.uint16) << 9) | ((q & 8).to(tl.uint16) << 12)
-        w = bits.to(tl.float16, bitcast=True).to(tl.float32) * scale
+        w = _e2m1_f16(q).to(tl.float32) * scale
         return w.to(DTYPE)
     else:
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -278,19 +291,10 @@ def _gemv_tile(
     """moe_gemv_kernel's weight tile: (even columns, odd columns, group scales) for NVFP4, as _row_dot
     takes them; (the tile in float32, unused, unused) otherwise."""
     if NVFP4:
-        offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        codes = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_b[None, :], mask=n_mask[:, None], other=0)
-        offs_s = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        scale = tl.load(
-            ws_ptr + offs_n[:, None] * stride_wsn + offs_s[None, :], mask=n_mask[:, None], other=0.0
+        codes, scale = _nvfp4_tile(
+            w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K
         )
-        scale = (scale.to(tl.float32) * global_scale) * 16384.0
-        lo = codes & 0xF
-        hi = codes >> 4
-        # E2M1 -> fp16 bits, exactly the value times 2^-14 (as _weight_tile)
-        w_lo = (((lo & 7).to(tl.uint16) << 9) | ((lo & 8).to(tl.uint16) << 12)).to(tl.float16, bitcast=True)
-        w_hi = (((hi & 7).to(tl.uint16) << 9) | ((hi & 8).to(tl.uint16) << 12)).to(tl.float16, bitcast=True)
-        return w_lo.to(tl.float32), w_hi.to(tl.float32), scale
+        return _e2m1_f16(codes & 0xF).to(tl.float32), _e2m1_f16(codes >> 4).to(tl.float32), scale
     else:
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None], other=0.0)
