@@ -152,7 +152,6 @@ class LLMEngine:
         self.draft_override = None
         self._inflight: LaunchedStep | None = None  # an overlapped step not yet completed
         self._held: list[StreamDelta] = []  # deltas of a step completed outside `step` (see `_drain`)
-        self._pick_buffers: list[torch.Tensor] = []
 
     # Requests.
     def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> None:
@@ -266,25 +265,18 @@ class LLMEngine:
             step.picks = self._picks(batch, real)
             logprobs = self._pick_logprobs(batch, real, step.picks)
             if step.picks.is_cuda:
-                step.picks_host = self._pick_buffer(len(batch))
+                # Pinned buffers from torch's caching host allocator, which reuses one only after the
+                # copy into it has run.
+                step.picks_host = torch.empty(len(batch), dtype=torch.long, pin_memory=True)
                 step.picks_host.copy_(step.picks, non_blocking=True)
                 if logprobs is not None:
-                    step.logprobs_host = torch.empty(logprobs.shape, dtype=logprobs.dtype).pin_memory()
+                    step.logprobs_host = torch.empty(len(batch), dtype=logprobs.dtype, pin_memory=True)
                     step.logprobs_host.copy_(logprobs, non_blocking=True)
                 step.ready = torch.cuda.Event()
                 step.ready.record()
             else:
                 step.picks_host, step.logprobs_host = step.picks, logprobs
         return step
-
-    def _pick_buffer(self, n: int) -> torch.Tensor:
-        """Pinned host memory for a step's picks, two buffers in turn: a step's picks are read before
-        the step after next is launched."""
-        if not self._pick_buffers:
-            size = self.build.max_batch_size
-            self._pick_buffers = [torch.empty(size, dtype=torch.long).pin_memory() for _ in range(2)]
-        self._pick_buffers.reverse()
-        return self._pick_buffers[0][:n]
 
     @staticmethod
     def _takes_pick(s: ScheduledSeq, successor: bool) -> bool:
