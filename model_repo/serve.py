@@ -179,13 +179,16 @@ def server_env(stub_env: Path, base: Mapping[str, str] | None = None) -> dict[st
 
 
 # The model repository.
+SWITCH = {None: "auto", True: "1", False: "0"}  # a tri-state option as the `inkling` model reads it
+
+
 def template_values(cfg: ServeConfig) -> dict[str, str]:
     values = {
         "engine_dir": os.path.abspath(cfg.engine_dir),
         "num_blocks": str(cfg.num_blocks),
         "engine_threads": str(cfg.engine_threads),
-        "cuda_graphs": {None: "auto", True: "1", False: "0"}[cfg.cuda_graphs],
-        "overlap": {None: "auto", True: "1", False: "0"}[cfg.overlap],
+        "cuda_graphs": SWITCH[cfg.cuda_graphs],
+        "overlap": SWITCH[cfg.overlap],
         "max_text_bytes": str(cfg.max_text_bytes),
         "max_images": str(cfg.max_images),
         "max_audios": str(cfg.max_audios),
