@@ -6,10 +6,15 @@
 #     bash bench/gpu_session.sh e2e         # 1 GPU: bench.e2e on inkling-bench with CUDA graphs, batches 1..64
 #     bash bench/gpu_session.sh e2e-mtp     # 1 GPU: the same with 3 MTP drafts per step (random heads)
 #     bash bench/gpu_session.sh attn-e2e    # 1 GPU: attention/MoE variant tests and times, e2e batches 1 and 64
+#                                           #   (this and the last two return one tarball)
 #     bash bench/gpu_session.sh tp          # 2 GPUs: bench.tp on 2 layers, tensor-parallel tests (NCCL, Lamport)
 #     bash bench/gpu_session.sh overlap     # 1 GPU: overlapped steps (engine test, e2e batch 1 on/off, 64)
 #     bash bench/gpu_session.sh e2e-overlap # 1 GPU: the same without the engine test
 #     bash bench/gpu_session.sh tp-tests    # 2 GPUs: the tensor-parallel tests only
+#     bash bench/gpu_session.sh x2          # 2 GPUs: tp-tests, then bench.tp tp 2 (Lamport); beside them on
+#                                           #   GPU 1: the attention GPU sweeps, the sampling test, bench.load
+#     bash bench/gpu_session.sh serving     # 1 GPU: e2e with MTP at batch 1, then Triton vs in-process
+#                                           #   (needs the .carry/ wheels, see BENCHMARKS "Serving on the GPU")
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
 # with torch and Triton: the project runs from this checkout on PYTHONPATH, never from a fresh venv.
@@ -29,6 +34,18 @@ run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, record the exit co
     PYTHONFAULTHANDLER=1 timeout -s ABRT -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
     echo "rc $?" >>"$OUT/$name.log"
     echo "== $name: $(tail -n 1 "$OUT/$name.log")"
+}
+
+pack() {  # pack NAME: everything under $OUT as one tarball (the device tool brings back at most 8 files)
+    tar czf "$OUT.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT.tgz" "$OUT/$1.tgz"
+}
+
+tiny_engine() {  # tiny_engine DIR [builder flags...]: the synthetic NVFP4 tiny checkpoint, built for CUDA
+    local dir=$1
+    shift
+    [ -d /tmp/ck-tiny ] || python3 -m inkling.synth --preset inkling-tiny --nvfp4 --out /tmp/ck-tiny >/dev/null
+    python3 -m builder --checkpoint_dir /tmp/ck-tiny --output_dir "$dir" --device cuda --dtype bfloat16 \
+        --force "$@" >"$OUT/build_$(basename "$dir").log" 2>&1
 }
 
 case "${1:-}" in
@@ -58,7 +75,7 @@ attn-e2e)
     run moe_bench 100 python3 bench/moe.py --tokens 1,8 --skip-sconv --out "$OUT/moe"
     run e2e 220 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 1024 \
         --batches 1,64 --decode_budget_s 25 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
-    tar czf "$OUT.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT.tgz" "$OUT/attn-e2e.tgz"
+    pack attn-e2e
     ;;
 tp | tp-tests)
     if [ "$1" = tp ]; then
@@ -81,8 +98,41 @@ overlap | e2e-overlap)
         --batches 1,64 --decode_budget_s 20 --profile_batch 1 --overlap_off_batches 1 --reference_peers "" \
         --out "$OUT/e2e"
     ;;
+x2)
+    # Correctness runs that need one GPU go beside the tensor-parallel tests, on GPU 1; they are done
+    # (about 300 s) before bench.tp's tp 2 run needs GPU 1 (tp 1 runs on GPU 0 alone). bench.load goes
+    # last: it times compiles (CPU), with a few tiny-engine steps on GPU 1.
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        run attn_gpu 200 "${PYTEST[@]}" -m gpu tests/kernels/test_attention.py
+        run sampling_gpu 100 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k sampling_and_logprobs
+        tiny_engine /tmp/engine-compiled --compile
+        run load 200 python3 -m bench.load --engine /tmp/engine-compiled --out "$OUT/load"
+    ) &
+    INKLING_TP_DEVICE=cuda run tp_nccl 150 "${PYTEST[@]}" tests/e2e/test_tp.py \
+        -k "same_tokens or step_graphs or mtp or overlapped"
+    overlap=()
+    tail -n 1 "$OUT/tp_nccl.log" | grep -q "^rc 0" && overlap=(--tp_overlap)  # tp 1 overlaps by default
+    run bench_tp 380 python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
+        --collectives triton --work /tmp/tp --out "$OUT/tp" "${overlap[@]}"
+    wait
+    pack x2
+    ;;
+serving)
+    run e2e_mtp 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --num_draft_tokens 3 \
+        --output_len 512 --batches 1 --decode_budget_s 30 --reference_peers "" --out "$OUT/e2e-mtp"
+    # tritonserver and the stubs' wheels from .carry/ (pytriton's server, NumPy 1 for the stubs, tritonclient)
+    mkdir -p /tmp/site && tar xJf .carry/pytriton.tar.xz -C /tmp/site &&
+        python3 -m pip install -q --no-deps --no-index --target /tmp/site .carry/tritonclient-*.whl \
+            .carry/python_rapidjson-*.whl >"$OUT/site.log" 2>&1
+    tiny_engine /tmp/engine-cuda
+    PYTHONPATH=/tmp/site:$PWD PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.carry run serving 260 python3 -m bench.serving \
+        --engine /tmp/engine-cuda --max-tokens 64 --requests 1 8 16 32 --threads 4 --out "$OUT/serving.md" \
+        --server-log "$OUT/tritonserver.log"
+    pack serving
+    ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving}" >&2
     exit 2
     ;;
 esac

@@ -64,3 +64,16 @@ def test_mtp_benchmark_smoke(tmp_path):
     assert mtp_main(argv) == 0
     r = json.loads((tmp_path / "mtp.json").read_text())
     assert set(r["verify"]) == {"0", "1", "3", "8"} and r["head"]["seconds"] > 0
+
+
+def test_load_benchmark_smoke(engine_f32, tmp_path):
+    """bench.load in fresh processes, eager modes (the compile modes take a minute each on the CPU): the
+    same tokens from a cold and a warm start, and its table."""
+    from bench.load import main as load_main
+
+    argv = ["--engine", str(engine_f32[1]), "--modes", "eager,eager-warm", "--out", str(tmp_path)]
+    assert load_main(argv) == 0
+    runs = json.loads((tmp_path / "load.json").read_text())["runs"]
+    assert [r["mode"] for r in runs] == ["eager", "eager-warm"]
+    assert runs[0]["tokens"] == runs[1]["tokens"] and len(runs[0]["tokens"][0]) == 3
+    assert "Tokens equal across modes: True" in (tmp_path / "load.md").read_text()

@@ -208,3 +208,52 @@ def test_cuda_graphs_match_eager(tiny_nvfp4_ckpt_dir, dtype):
             f"[cuda graphs {dtype}] batch {batch}: "
             + ", ".join(f"{m} {t:.2f} ms/step" for m, t in times.items())
         )
+
+
+def test_sampling_and_logprobs_on_the_gpu_overlap(tiny_nvfp4_ckpt_dir):
+    """Sampling draws on the logits' device (the request's generator there), and a step whose picks and
+    logprobs stay on the GPU is overlapped with the next: with CUDA graphs, sampled requests (temperature,
+    top-k, top-p, seeds), greedy ones and logprobs give the same tokens with overlap on and off, and the
+    same seed gives the same tokens twice. MTP with sampling (rejection sampling, its own CPU generator)
+    runs beside them."""
+    from runtime import LLMEngine
+
+    bc = BuildConfig(
+        dtype="bfloat16", plugin_config=PluginConfig(tune=False), **{**SMALL, "max_batch_size": 8}
+    )
+    engine = build(tiny_nvfp4_ckpt_dir, bc)
+    g = torch.Generator().manual_seed(2)
+    prompts = [PromptInput(torch.randint(11, 1000, (n,), generator=g)) for n in (70, 5, 33, 12, 48, 9)]
+    params = [
+        SamplingParams(max_tokens=24, temperature=0.8, seed=11, ignore_eos=True),
+        SamplingParams(max_tokens=24, temperature=1.0, top_k=40, seed=12, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=24, temperature=0.7, top_p=0.9, seed=13, ignore_eos=True),
+        SamplingParams(max_tokens=24, ignore_eos=True, logprobs=0),
+        # MTP (steps with drafts are not overlapped): done early, so that the others overlap after it
+        SamplingParams(max_tokens=6, temperature=0.9, seed=14, ignore_eos=True, num_draft_tokens=3),
+        SamplingParams(max_tokens=24, ignore_eos=True),
+    ]
+
+    def run(overlap: bool) -> tuple[dict, dict, int]:
+        eng = LLMEngine(engine, cuda_graphs=True, overlap=overlap)
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            eng.add_request(str(i), p, sp)
+        tokens: dict = {}
+        logprobs: dict = {}
+        while eng.has_unfinished():
+            for d in eng.step():
+                tokens.setdefault(d.request_id, []).extend(d.token_ids)
+                logprobs.setdefault(d.request_id, []).extend(d.logprobs or [])
+        return tokens, logprobs, eng.stats["overlapped_steps"]
+
+    plain, plain_lp, none = run(False)
+    got, got_lp, overlapped = run(True)
+    again, _, _ = run(True)
+    print(f"\n[sampling on the GPU] {overlapped} overlapped steps; tokens {got}")
+    assert none == 0 and overlapped > 0
+    assert [len(got[str(i)]) for i in range(6)] == [p.max_tokens for p in params]
+    assert all(0 <= x < engine.model_config.vocab_size for t in got.values() for x in t)
+    assert got == plain and again == got
+    for rid in ("1", "3"):
+        assert len(got_lp[rid]) == 24
+        torch.testing.assert_close(torch.tensor(got_lp[rid]), torch.tensor(plain_lp[rid]), rtol=0, atol=1e-4)
