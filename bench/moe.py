@@ -32,6 +32,7 @@ H, I, E, S, TOP_K = 7168, 2560, 256, 2, 6  # inkling-bench
 HKV, D, K_CONV, MAX_DRAFT = 8, 128, 4, 8
 MEM_BW, TC_RATE = 4.35e12, 790e12
 TOKENS = (1, 8, 64, 512, 4096)
+PARTS_MAX_T = 64  # the per-launch breakdown for decode-sized T
 DEV = "cuda"
 
 
@@ -159,11 +160,48 @@ def moe_section(out_dir, tokens=TOKENS):
                    err_vs_ref=err_ref, peer_err_vs_ref=err_peer, tflops=flops / (t_tri * 1e-3) / 1e12,
                    tbps=b_bytes / (t_tri * 1e-3) / 1e12, mode=mode, peer_mode=peer_mode,
                    config=moe_launcher.select_config(table, T))  # fmt: skip
+        if T <= PARTS_MAX_T:
+            row["parts"] = parts(args, n_exp, moe_launcher.select_config(table, T))
         rows.append(row)
         log(f"T={T:5d} experts={n_exp:3d} bound {b_us:8.1f} us | triton {row['triton_us']:8.1f} us "
             f"({row['triton_us'] / b_us:.2f}x bound, {row['tflops']:.0f} TFLOP/s, {row['tbps']:.2f} TB/s) | "
             f"peer {row['peer_us']:8.1f} us | ref {row['ref_us']:9.1f} us | err {err_ref:.1e} peer err {err_peer:.1e}")  # fmt: skip
     return rows, table
+
+
+def part_bytes(name: str, T: int, n_experts: int) -> float:
+    """Bytes a launch of the MoE op must move (weights touched, activations in and out)."""
+    nvfp4 = 0.5 + 1 / 16  # codes and fp8 block scales per weight
+    x = T * H * 2
+    return {
+        "route": (E + S) * H * 2 + x,
+        "gemm1 routed": n_experts * 2 * I * H * nvfp4 + x + T * TOP_K * I * 2,
+        "gemm1 shared": S * 2 * I * H * 2 + x + T * S * I * 2,
+        "gemm2 routed": n_experts * H * I * nvfp4 + T * TOP_K * (I + H) * 2,
+        "gemm2 shared": S * H * I * 2 + T * S * (I + H) * 2,
+        "shared (cuBLAS)": S * 3 * I * H * 2 + x + T * S * H * 2,
+        "combine": T * (TOP_K + S) * H * 2 + x,
+    }[name]
+
+
+def parts(args, n_experts: int, tuned: dict) -> list[dict]:
+    """Each kernel launch of the op timed alone (CUDA-graph replays), for the tuned config and for the
+    same tiles with the other shared-expert path, against its own bytes over the bandwidth: where a
+    decode-sized MoE spends its time."""
+    other = {**tuned, "shared": "torch" if tuned.get("shared", "triton") == "triton" else "triton"}
+    T = args[0].shape[0]
+    out = []
+    for label, cfg in (("tuned", tuned), ("other shared path", other)):
+        _, launches = moe_launcher.launches(*args, config=cfg)
+        for _, run in launches:  # fill every buffer once: a part replays on its inputs
+            run()
+        for name, run in launches:
+            ms, _ = bench(run)
+            b = part_bytes(name, T, n_experts)
+            out.append(dict(config=label, part=name, us=ms * 1e3, bytes=b, bound_us=b / MEM_BW * 1e6))
+            log(f"  T={T} [{label}] {name:16s} {ms * 1e3:8.1f} us, bound {b / MEM_BW * 1e6:6.1f} us "
+                f"({b / MEM_BW * 1e6 / (ms * 1e3):.0%} of the bandwidth)")  # fmt: skip
+    return out
 
 
 def sconv_section(moe_rows):
@@ -269,6 +307,14 @@ def write_md(moe_rows, sconv_rows, path):
             f"| {r['T']} | {r['experts']} | {r['bound_us']:.1f} | {r['triton_us']:.1f} | {r['triton_us'] / r['bound_us']:.2f} | "
             f"{r['tflops']:.0f} | {r['tbps']:.2f} | {r['peer_us']:.1f} | {r['ref_us']:.0f} | {r['err_vs_ref']:.1e} |"
         )
+    part_rows = [(r["T"], p) for r in moe_rows for p in r.get("parts", [])]
+    if part_rows:
+        lines += ["", "Per launch (each replayed alone; bound = its bytes over 4.35 TB/s):", "",
+                  "| T | config | launch | us | bound (us) | of bandwidth |", "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"| {T} | {p['config']} | {p['part']} | {p['us']:.1f} | {p['bound_us']:.1f} | {p['bound_us'] / p['us']:.0%} |"
+            for T, p in part_rows
+        ]
     lines += ["", "| T | B | sconv_kv_write fused (us) | 2 sconv + cache write (us) | sconv C=H (us) | layer sconvs (us) | % of MoE |",
               "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in sconv_rows:

@@ -360,9 +360,15 @@ class ModelRunner(EngineRunner):
         all known (K = len(seq.tokens)): a head that does not draft stays current without an lm_head
         pass, so it can draft again later. Its input h^{m-1} comes from head m-1's output of this round
         or, for older positions, from the hidden-state ring (h^0: the step's hidden states).
+
+        The drafts stay on the device until the last head has run: head m reads head m-1's draft from
+        there (an input id written on the device), and host inputs travel from pinned memory, so the
+        host prepares head m+1 while head m runs and waits once per round, not once per head.
         """
         bs, H = self.block_size, self.config.hidden_size
-        drafts: list[list[int]] = [[] for _ in work]
+        num_drafts = [0] * len(work)  # drafts made so far, per work item (its row of `drafted`)
+        width = max([w.num_drafts for w in work] + [1])
+        drafted = torch.zeros(len(work), width, dtype=torch.long, device=self.device)
         fresh = [(w.fresh_start, w.fresh_rows) for w in work]  # level m-1: first position, rows
         for w in work:
             self._ring_write(0, w.seq.slot, w.fresh_start, w.fresh_rows)
@@ -381,12 +387,20 @@ class ModelRunner(EngineRunner):
                 continue
             h_prev, ids, mm_rows, mm_pos = [], [], [], []
             lens, seq_lens, slots, tables = [], [], [], []
+            holes: list[tuple[int, int, int]] = []  # ids read from `drafted`: (row, work item, draft)
             offset = 0
             for i, start, end in items:
                 seq = work[i].seq
                 h_prev.append(self._head_inputs(m - 1, seq.slot, start, end, *fresh[i]))
-                ext = seq.tokens + drafts[i]
-                ids.append(torch.tensor(ext[start + m : end + m], dtype=torch.long))
+                known = seq.tokens[start + m : end + m]  # the positions after these read drafts
+                for r in range(len(known), end - start):
+                    d = start + m + r - len(seq.tokens)  # the draft that position start + r reads
+                    if d >= num_drafts[i]:
+                        raise RuntimeError(
+                            f"MTP head {m} reads draft {d} of a sequence that has {num_drafts[i]}"
+                        )
+                    holes.append((offset + r, i, d))
+                ids.append(torch.tensor(known + [0] * (end - start - len(known)), dtype=torch.long))
                 for row, p in enumerate(seq.mm_positions):
                     if start + m <= p < end + m:
                         mm_rows.append(seq.mm_embeds[row : row + 1])
@@ -405,10 +419,15 @@ class ModelRunner(EngineRunner):
             table = torch.full((len(items), self.build.max_blocks_per_seq), FREED, dtype=torch.int32)
             for j, t in enumerate(tables):
                 table[j, : len(t)] = t
+            ids = torch.cat(ids)
+            if holes:
+                ids = self._to_device(ids)
+                rows_, items_, index_ = (self._to_device(torch.tensor(x)) for x in zip(*holes))
+                ids[rows_] = drafted[items_, index_]
             args = [
                 self.head_weights[m - 1],
                 torch.cat(h_prev),
-                torch.cat(ids),
+                ids,
                 torch.cat([r.to(dev, self.dtype) for r in mm_rows]),
                 torch.tensor(mm_pos),
                 cu,
@@ -427,20 +446,30 @@ class ModelRunner(EngineRunner):
                 out = self.head(*[a.to(dev) if isinstance(a, torch.Tensor) else a for a in args])
             drafting = [j for j, (i, _, _) in enumerate(items) if m <= work[i].num_drafts]
             if drafting:
-                rows = (cu[1:] - 1)[drafting].long().to(dev)
+                rows = self._to_device((cu[1:] - 1)[drafting].long())
                 picked = torch.ops.inkling.mtp_draft(
                     out[rows], self.head_weights[m - 1]["final_layernorm.weight"], self.weights["lm_head.weight"],
                     self.num_real_tokens, self.config.rms_norm_eps, self.draft_impl,
-                ).tolist()  # fmt: skip
-                for j, token in zip(drafting, picked):
-                    drafts[items[j][0]].append(token)
+                )  # fmt: skip
+                drafters = [items[j][0] for j in drafting]
+                drafted[self._to_device(torch.tensor(drafters)), m - 1] = picked
+                for i in drafters:
+                    num_drafts[i] += 1
             for j, (i, start, end) in enumerate(items):
                 rows_m = out[int(cu[j]) : int(cu[j + 1])]
                 fresh[i] = (start, rows_m)
                 if m < self.num_heads:
                     self._ring_write(m, work[i].seq.slot, start, rows_m)
                 work[i].seq.head_computed[m - 1] = end
-        return drafts
+        rows = drafted.tolist() if any(num_drafts) else []  # the round's one wait for the device
+        return [rows[i][:n] if n else [] for i, n in enumerate(num_drafts)]
+
+    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the runner's device, copied from pinned memory (a copy from pageable memory
+        waits for the work queued before it)."""
+        if self.device.type != "cuda":
+            return x.to(self.device)
+        return x.pin_memory().to(self.device, non_blocking=True)
 
     def _ring_write(self, level: int, slot: int, start: int, rows: torch.Tensor | None) -> None:
         """Keep the last HIDDEN_RING rows of h^level for positions start.. (older ones drop out)."""
@@ -449,7 +478,7 @@ class ModelRunner(EngineRunner):
         keep = min(rows.shape[0], HIDDEN_RING)
         end = start + rows.shape[0]
         pos = torch.arange(end - keep, end)
-        self.hidden_ring[level, slot, (pos % HIDDEN_RING).to(self.device)] = rows[-keep:].to(self.dtype)
+        self.hidden_ring[level, slot, self._to_device(pos % HIDDEN_RING)] = rows[-keep:].to(self.dtype)
         self.ring_end[level][slot] = end
 
     def _head_inputs(
@@ -465,7 +494,7 @@ class ModelRunner(EngineRunner):
                     f"MTP hidden ring of level {level} holds positions [{ring_end - HIDDEN_RING}, {ring_end}), "
                     f"head needs [{start}, {split})"
                 )
-            idx = (torch.arange(start, split) % HIDDEN_RING).to(self.device)
+            idx = self._to_device(torch.arange(start, split) % HIDDEN_RING)
             parts.append(self.hidden_ring[level, slot, idx])
         if end > split:
             parts.append(fresh_rows[split - fresh_start : end - fresh_start])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 
 import torch
 import triton
@@ -82,7 +83,15 @@ def _gemm(
         kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, **tiles)
 
 
-def expert_sink_moe(
+def expert_sink_moe(*args, config: dict | None = None) -> torch.Tensor:
+    """The op on the GPU (arguments as `launches`)."""
+    y, parts = launches(*args, config=config)
+    for _, run in parts:
+        run()
+    return y
+
+
+def launches(
     x: torch.Tensor,  # [T, H]
     router_weight: torch.Tensor,  # [E+S, H]
     w13: torch.Tensor,  # uint8 [E, 2I, H/2]
@@ -96,7 +105,10 @@ def expert_sink_moe(
     num_routed: int,
     top_k: int,
     config: dict | None = None,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, list[tuple[str, Callable[[], None]]]]:
+    """The op as its kernel launches, in order: (the output y, [(part name, launch)]). Running every
+    launch fills y; bench/moe.py times them one by one (each reads only buffers the earlier ones wrote,
+    so a part can be replayed alone once all have run)."""
     T, H = x.shape
     E = num_routed
     S = shared_w13.shape[0]
@@ -122,18 +134,12 @@ def expert_sink_moe(
     dev = x.device
     y = torch.empty((T, H), dtype=x.dtype, device=dev)
     if T == 0:
-        return y
+        return y, []
 
-    logits = x @ router_weight.T.to(x.dtype)  # [T, E+S], as inkling.ops.route
-    counts = torch.zeros(E, dtype=torch.int32, device=dev)
+    counts = torch.empty(E, dtype=torch.int32, device=dev)  # zeroed by route()
     topk_ids = torch.empty(T * top_k, dtype=torch.int32, device=dev)
     rank = torch.empty_like(topk_ids)
     route_w = torch.empty(T * KS, dtype=torch.float32, device=dev)
-    kernels.route_kernel[(T,)](
-        logits, logits.stride(0), topk_ids, rank, counts, route_w, E,
-        TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), num_warps=1 if E + S <= 512 else 4,
-    )  # fmt: skip
-
     num_entries = T * top_k
     num_blocks = triton.cdiv(num_entries, block_m) + min(E, num_entries)  # static bound
     sorted_rows = torch.empty(num_blocks * block_m, dtype=torch.int32, device=dev)
@@ -141,31 +147,48 @@ def expert_sink_moe(
     block_rows = torch.empty(num_blocks, dtype=torch.int32, device=dev)
     chunk = 64
     entry_programs = triton.cdiv(num_entries, chunk)
-    kernels.align_kernel[(entry_programs + triton.cdiv(num_blocks, chunk),)](
-        topk_ids, rank, counts, sorted_rows, expert_ids, block_rows,
-        num_entries, num_blocks, entry_programs, E,
-        TOP_K=top_k, KS=KS, BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(E), CHUNK=chunk, num_warps=4,
-    )  # fmt: skip
 
-    route = (sorted_rows, expert_ids, block_rows, route_w)
+    def route():
+        logits = x @ router_weight.T.to(x.dtype)  # [T, E+S], as inkling.ops.route
+        counts.zero_()
+        kernels.route_kernel[(T,)](
+            logits, logits.stride(0), topk_ids, rank, counts, route_w, E,
+            TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), num_warps=1 if E + S <= 512 else 4,
+        )  # fmt: skip
+        kernels.align_kernel[(entry_programs + triton.cdiv(num_blocks, chunk),)](
+            topk_ids, rank, counts, sorted_rows, expert_ids, block_rows,
+            num_entries, num_blocks, entry_programs, E,
+            TOP_K=top_k, KS=KS, BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(E), CHUNK=chunk, num_warps=4,
+        )  # fmt: skip
+
+    buffers = (sorted_rows, expert_ids, block_rows, route_w)
     h = torch.empty((T * KS, I), dtype=x.dtype, device=dev)
     out = torch.empty((T * KS, H), dtype=x.dtype, device=dev)
     shared_m = S * triton.cdiv(T, block_m)
     g1, g2 = cfg["gemm1"], cfg["gemm2"]
     common = dict(num_tokens=T, top_k=top_k, KS=KS, block_m=block_m, gemv=cfg.get("kernel", "mma") == "gemv")
-    routed = dict(route=route, routed=True, nvfp4=True, grid_m=num_blocks, **common)
-    dense = dict(route=route, routed=False, nvfp4=False, grid_m=shared_m, **common)
-    shared_triton = cfg.get("shared", "triton") == "triton"
-    _gemm(x, w13, w13_scale, w13_scale_2, h, N=I, K=H, cfg=g1, gated=True, **routed)
-    if shared_triton:
-        _gemm(x, shared_w13, None, None, h, N=I, K=H, cfg=g1, gated=True, **dense)
-    _gemm(h, w2, w2_scale, w2_scale_2, out, N=H, K=I, cfg=g2, gated=False, **routed)
-    if shared_triton:
-        _gemm(h, shared_w2, None, None, out, N=H, K=I, cfg=g2, gated=False, **dense)
+    routed = dict(route=buffers, routed=True, nvfp4=True, grid_m=num_blocks, **common)
+    dense = dict(route=buffers, routed=False, nvfp4=False, grid_m=shared_m, **common)
+    parts = [
+        ("route", route),
+        (
+            "gemm1 routed",
+            lambda: _gemm(x, w13, w13_scale, w13_scale_2, h, N=I, K=H, cfg=g1, gated=True, **routed),
+        ),
+    ]
+    if cfg.get("shared", "triton") == "triton":
+        parts += [
+            ("gemm1 shared", lambda: _gemm(x, shared_w13, None, None, h, N=I, K=H, cfg=g1, gated=True, **dense)),
+            ("gemm2 routed", lambda: _gemm(h, w2, w2_scale, w2_scale_2, out, N=H, K=I, cfg=g2, gated=False, **routed)),
+            ("gemm2 shared", lambda: _gemm(h, shared_w2, None, None, out, N=H, K=I, cfg=g2, gated=False, **dense)),
+        ]  # fmt: skip
     else:
-        _shared_torch(x, shared_w13, shared_w2, route_w, out, top_k)
-    torch.sum(out.view(T, KS, H), dim=1, out=y)
-    return y
+        parts += [
+            ("gemm2 routed", lambda: _gemm(h, w2, w2_scale, w2_scale_2, out, N=H, K=I, cfg=g2, gated=False, **routed)),
+            ("shared (cuBLAS)", lambda: _shared_torch(x, shared_w13, shared_w2, route_w, out, top_k)),
+        ]  # fmt: skip
+    parts.append(("combine", lambda: torch.sum(out.view(T, KS, H), dim=1, out=y)))
+    return y, parts
 
 
 def _shared_torch(x, shared_w13, shared_w2, route_w, out, top_k) -> None:
