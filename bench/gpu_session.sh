@@ -14,6 +14,8 @@
 #     bash bench/gpu_session.sh x2          # 2 GPUs: tp-tests, then bench.tp tp 2 (Lamport); beside them on
 #                                           #   GPU 1: the attention GPU sweeps, the sampling test, bench.load
 #     bash bench/gpu_session.sh serving     # 1 GPU: e2e with MTP at batch 1, then Triton vs in-process
+#     bash bench/gpu_session.sh mtp-moe     # 1 GPU: bench.mtp, the MoE per-launch times, e2e with MTP at batch 1;
+#                                           #   beside them the moved-program test (tp ranks' device move)
 #                                           #   (needs the .carry/ wheels, see BENCHMARKS "Serving on the GPU")
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
@@ -131,8 +133,17 @@ serving)
         --server-log "$OUT/tritonserver.log"
     pack serving
     ;;
+mtp-moe)
+    run moved 120 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k moved_program &
+    run mtp 320 python3 -m bench.mtp --device cuda --cuda_graphs --out "$OUT/mtp"
+    wait
+    run moe 100 python3 bench/moe.py --tokens 1,8 --skip-sconv --out "$OUT/moe"
+    run e2e_mtp 150 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --num_draft_tokens 3 \
+        --output_len 256 --batches 1 --decode_budget_s 20 --reference_peers "" --out "$OUT/e2e-mtp"
+    pack mtp-moe
+    ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe}" >&2
     exit 2
     ;;
 esac

@@ -35,9 +35,36 @@ def on_device(program: torch.export.ExportedProgram, device: torch.device) -> to
     index = torch.cuda.current_device() if device.index is None else device.index
     if index == 0:
         return program
-    from torch.export.passes import move_to_device_pass
+    return retarget(program, "cuda:0", f"cuda:{index}")
 
-    return move_to_device_pass(program, {"cuda:0": f"cuda:{index}"})
+
+def retarget(program: torch.export.ExportedProgram, old: str, new: str) -> torch.export.ExportedProgram:
+    """torch.export.passes.move_to_device_pass(program, {old: new}) without its rewrite of every node's
+    meta["val"]: on the H200 (torch 2.11) rank 1 of a tp 2 engine built for one sequence, moved by
+    that pass, failed its first step on `Guard failed: seq_lens.size()[0] == 2` (2: the export
+    example's batch), while rank 0, not moved, ran the same program. What runs is the graph: the device
+    kwargs of its nodes, the device argument of `aten.to.device`, and the program's own tensors."""
+    for table in (program._state_dict, program._constants):
+        for k, v in table.items():
+            if isinstance(v, torch.Tensor) and str(v.device) == old:
+                moved = v.to(new)
+                table[k] = (
+                    torch.nn.Parameter(moved, v.requires_grad) if isinstance(v, torch.nn.Parameter) else moved
+                )
+    for module in program.graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if str(node.kwargs.get("device")) == old:
+                node.kwargs = {**node.kwargs, "device": torch.device(new)}
+            if (
+                node.op == "call_function"
+                and node.target is torch.ops.aten.to.device
+                and str(node.args[1]) == old
+            ):
+                node.args = (node.args[0], torch.device(new), *node.args[2:])
+        module.recompile()
+    return program
 
 
 class EngineRunner:

@@ -257,3 +257,38 @@ def test_sampling_and_logprobs_on_the_gpu_overlap(tiny_nvfp4_ckpt_dir):
     for rid in ("1", "3"):
         assert len(got_lp[rid]) == 24
         torch.testing.assert_close(torch.tensor(got_lp[rid]), torch.tensor(plain_lp[rid]), rtol=0, atol=1e-4)
+
+
+def test_moved_program_keeps_its_dynamic_batch(tiny_nvfp4_ckpt_dir, tmp_path):
+    """A tensor-parallel rank runs the program exported on cuda:0 on its own GPU (builder.runner.retarget).
+    Moved (here to the same GPU, through the same rewrite), an engine built for one sequence, saved and
+    loaded, still takes a batch of one: its export example had two sequences. Also prints what
+    torch.export.passes.move_to_device_pass gives in its place (rank 1 of a tp 2 engine so moved failed
+    `Guard failed: seq_lens.size()[0] == 2` on 2xH200)."""
+    import dataclasses
+
+    from torch.export.passes import move_to_device_pass
+
+    from builder.runner import retarget
+
+    bc = BuildConfig(
+        dtype="bfloat16", plugin_config=PluginConfig(tune=False), **{**SMALL, "max_batch_size": 1}
+    )
+    build(tiny_nvfp4_ckpt_dir, bc).save(tmp_path / "engine")
+    prompt = [Prompt(torch.randint(11, 1000, (21,), generator=torch.Generator().manual_seed(0)))]
+    results = {}
+    for name, move in (
+        ("unmoved", lambda p: p),
+        ("retarget", lambda p: retarget(p, "cuda:0", "cuda:0")),
+        ("move_to_device_pass", lambda p: move_to_device_pass(p, {"cuda:0": "cuda:0"})),
+    ):
+        engine = Engine.from_dir(tmp_path / "engine")
+        engine = dataclasses.replace(
+            engine, programs={**engine.programs, "step": move(engine.programs["step"])}
+        )
+        try:
+            results[name] = EngineRunner(engine).generate(prompt, 4)
+        except Exception as exc:  # noqa: BLE001 (a diagnostic: printed, asserted below for ours only)
+            results[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    print(f"\n[moved programs] {results}")
+    assert results["retarget"] == results["unmoved"]
