@@ -152,9 +152,14 @@ class Workers:
         """Stop the workers and leave the process groups (the process can then start others)."""
         if self.closed:
             return
+        left = False
         try:
             if all(p.poll() is None for p in self.procs):
                 dist.broadcast_object_list([("shutdown", (), False)], src=0, group=self.group.control)
+                # Leave with the workers, not after them: NCCL's teardown may wait for every rank. (On
+                # 2xH200 rank 0 waited its full timeout for a worker to exit, then killed it.)
+                left = True
+                self.group.leave()
             deadline = time.monotonic() + timeout
             for proc in self.procs:
                 proc.wait(max(0.1, deadline - time.monotonic()))
@@ -162,7 +167,8 @@ class Workers:
             self._kill()
         finally:
             self.closed = True
-            self.group.leave()
+            if not left:
+                self.group.leave()
 
     def _kill(self) -> None:
         for proc in self.procs:
