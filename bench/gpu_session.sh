@@ -16,6 +16,8 @@
 #     bash bench/gpu_session.sh serving     # 1 GPU: e2e with MTP at batch 1, then Triton vs in-process
 #     bash bench/gpu_session.sh mtp-moe     # 1 GPU: bench.mtp, the MoE per-launch times, e2e with MTP at batch 1;
 #                                           #   beside them the moved-program test (tp ranks' device move)
+#     bash bench/gpu_session.sh tp-moe      # 2 GPUs: tp-tests, then bench.tp tp 2; beside them on GPU 1 (done
+#                                           #   before tp 2 needs it) the MoE GEMV GPU tests, bench/moe.py, e2e batch 1
 #                                           #   (needs the .carry/ wheels, see BENCHMARKS "Serving on the GPU")
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
@@ -142,8 +144,25 @@ mtp-moe)
         --output_len 256 --batches 1 --decode_budget_s 20 --reference_peers "" --out "$OUT/e2e-mtp"
     pack mtp-moe
     ;;
+tp-moe)
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        run moe_test 60 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k gemv
+        run moe 100 python3 bench/moe.py --tokens 1,8 --skip-sconv --out "$OUT/moe"
+        run e2e 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
+            --batches 1 --decode_budget_s 20 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
+    ) &
+    INKLING_TP_DEVICE=cuda run tp_nccl 170 "${PYTEST[@]}" tests/e2e/test_tp.py \
+        -k "same_tokens or step_graphs or mtp or overlapped"
+    overlap=()
+    tail -n 1 "$OUT/tp_nccl.log" | grep -q "^rc 0" && overlap=(--tp_overlap)  # tp 1 overlaps by default
+    run bench_tp 370 python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
+        --collectives triton --work /tmp/tp --out "$OUT/tp" "${overlap[@]}"
+    wait
+    pack tp-moe
+    ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe}" >&2
     exit 2
     ;;
 esac

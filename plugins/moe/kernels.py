@@ -284,51 +284,56 @@ def moe_gemm_kernel(
 
 
 @triton.jit
-def _gemv_tile(
-    w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn,
-    NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """moe_gemv_kernel's weight tile: (even columns, odd columns, group scales) for NVFP4, as _row_dot
-    takes them; (the tile in float32, unused, unused) otherwise."""
-    if NVFP4:
-        codes, scale = _nvfp4_tile(
-            w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K
-        )
-        return _e2m1_f16(codes & 0xF).to(tl.float32), _e2m1_f16(codes >> 4).to(tl.float32), scale
+def _e2m1_word_f32(words, P: tl.constexpr):
+    """Nibble P (0 = lowest) of each uint32 word of E2M1 codes, as float32 E2M1 * 2^-14 (`_e2m1_f16`'s
+    placement, with the nibble's shift folded into the two shifts that place it)."""
+    if 4 * P >= 12:
+        sign = words >> (4 * P - 12)
     else:
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None], other=0.0)
-        return w.to(tl.float32), w.to(tl.float32), w.to(tl.float32)
+        sign = words << (12 - 4 * P)
+    if 4 * P >= 9:
+        mag = words >> (4 * P - 9)
+    else:
+        mag = words << (9 - 4 * P)
+    h = (mag & 0x0E00) | (sign & 0x8000)  # s.000e1e0.m000000000 in the low 16 bits
+    return h.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def _row_dot(
-    a_ptr,
-    a_row,
-    k0,
-    w_lo,  # NVFP4: [BLOCK_N, BLOCK_K // 2] even columns (low nibbles), E2M1 * 2^-14; bf16: [BLOCK_N, BLOCK_K]
-    w_hi,  # NVFP4: odd columns (high nibbles); unused otherwise
-    scale,  # NVFP4: [BLOCK_N, BLOCK_K // 16] the groups' scales (global scale and 2^14 folded in)
-    NVFP4: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+def _words_dot(a_ptr, a_row, k0, words, BLOCK_K: tl.constexpr):
+    """[BLOCK_N, BLOCK_K // 8] partial sums of one activation row against a tile of E2M1 words: word j of
+    a row holds columns 8j..8j+7 (nibble p = column 8j+p), each met by its activation column. Everything
+    stays in the words' own layout: no reshape, join or broadcast of the weights."""
+    offs_j = tl.arange(0, BLOCK_K // 8)
+    s = tl.zeros(words.shape, dtype=tl.float32)
+    for p in tl.static_range(8):
+        a_p = tl.load(a_ptr + a_row + k0 + 8 * offs_j + p).to(tl.float32)
+        s += _e2m1_word_f32(words, p) * a_p[None, :]
+    return s
+
+
+@triton.jit
+def _words_tile(
+    w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K: tl.constexpr
 ):
-    """[BLOCK_N] partial sums of one activation row against a weight tile, in float32."""
-    if NVFP4:
-        offs_j = tl.arange(0, BLOCK_K // 2)
-        a_even = tl.load(a_ptr + a_row + k0 + 2 * offs_j).to(tl.float32)
-        a_odd = tl.load(a_ptr + a_row + k0 + 2 * offs_j + 1).to(tl.float32)
-        p = w_lo * a_even[None, :] + w_hi * a_odd[None, :]  # [BLOCK_N, BLOCK_K / 2]
-        p = tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 8)), axis=2)  # one sum per 16-column group
-        return tl.sum(p * scale, axis=1)
-    else:
-        a = tl.load(a_ptr + a_row + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
-        return tl.sum(w_lo * a[None, :], axis=1)
+    """The codes of W's rows offs_n, columns k0..k0+BLOCK_K-1, as uint32 words [BLOCK_N, BLOCK_K // 8],
+    and each word's block scale (a 16-column block is two words) with the global scale and 2^14 folded in."""
+    offs_j = tl.arange(0, BLOCK_K // 8)
+    wp = w_ptr.to(tl.pointer_type(tl.uint32))
+    words = tl.load(
+        wp + offs_n[:, None] * (stride_wn // 4) + (k0 // 8 + offs_j)[None, :], mask=n_mask[:, None], other=0
+    )
+    scale = tl.load(
+        ws_ptr + offs_n[:, None] * stride_wsn + (k0 // 16 + offs_j // 2)[None, :],
+        mask=n_mask[:, None],
+        other=0.0,
+    )
+    return words, (scale.to(tl.float32) * global_scale) * 16384.0
 
 
 @triton.jit
 def moe_gemv_kernel(
-    a_ptr,  # as moe_gemm_kernel
+    a_ptr,  # as moe_gemm_kernel (NVFP4 weights only: the routed experts)
     stride_at,
     w_ptr,
     stride_we,
@@ -357,10 +362,13 @@ def moe_gemv_kernel(
 ):
     """The decode form of moe_gemm_kernel (same blocks, same outputs): a GEMV on CUDA cores.
 
-    NVFP4 codes are decoded once per tile and used by each of the block's rows; the low and high
-    nibbles meet the even and odd activation columns (no interleave), and the block scales multiply
-    a 16-column group's sum, not every weight. Rows past the block's count cost nothing.
+    The codes are read as uint32 words of eight E2M1 codes, and every operation keeps the words' layout:
+    nibble p of word j is decoded in place and met by activation column 8j+p (eight strided loads of the
+    activation row per tile), the products are summed per word, and a word's sum is scaled by its block's
+    scale. The per-word sums accumulate across the K loop and are reduced once at the end. Rows past a
+    block's count cost nothing; a block's rows share each tile load.
     """
+    tl.static_assert(ROUTED and NVFP4, "moe_gemv_kernel: NVFP4 routed experts only")
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -375,27 +383,34 @@ def moe_gemv_kernel(
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    W: tl.constexpr = BLOCK_K // 8
+    acc = tl.zeros([BLOCK_M, BLOCK_N, W], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N, W], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        g_lo, g_hi, g_s = _gemv_tile(w_base, ws_base, g_gate, offs_n, n_mask, k0, stride_wn, stride_wsn,
-                                     NVFP4, BLOCK_N, BLOCK_K)  # fmt: skip
+        g_words, g_scale = _words_tile(
+            w_base, ws_base, g_gate, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K
+        )
         if GATED:
-            u_lo, u_hi, u_s = _gemv_tile(w_base + N * stride_wn, ws_base + N * stride_wsn, g_up, offs_n, n_mask,
-                                         k0, stride_wn, stride_wsn, NVFP4, BLOCK_N, BLOCK_K)  # fmt: skip
+            u_words, u_scale = _words_tile(w_base + N * stride_wn, ws_base + N * stride_wsn, g_up, offs_n, n_mask,
+                                           k0, stride_wn, stride_wsn, BLOCK_K)  # fmt: skip
         for mi in tl.static_range(BLOCK_M):
             if mi < count:
-                a_row = tl.sum(tl.where(offs_m == mi, a_rows, 0)) * stride_at
-                p = _row_dot(a_ptr, a_row, k0, g_lo, g_hi, g_s, NVFP4, BLOCK_N, BLOCK_K)
-                acc += tl.where(offs_m[:, None] == mi, p[None, :], 0.0)
+                r = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + mi).to(
+                    tl.int64
+                )  # a scalar load, no reduction
+                a_row = (r // KS if GATED else r) * stride_at
+                p = _words_dot(a_ptr, a_row, k0, g_words, BLOCK_K) * g_scale
+                acc += tl.where(offs_m[:, None, None] == mi, p[None, :, :], 0.0)
                 if GATED:
-                    pu = _row_dot(a_ptr, a_row, k0, u_lo, u_hi, u_s, NVFP4, BLOCK_N, BLOCK_K)
-                    acc_u += tl.where(offs_m[:, None] == mi, pu[None, :], 0.0)
+                    pu = _words_dot(a_ptr, a_row, k0, u_words, BLOCK_K) * u_scale
+                    acc_u += tl.where(offs_m[:, None, None] == mi, pu[None, :, :], 0.0)
 
+    gate = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
     if GATED:
-        out = acc / (1.0 + tl.exp(-acc)) * acc_u
+        up = tl.sum(acc_u, axis=2)
+        out = gate / (1.0 + tl.exp(-gate)) * up
     else:
-        out = acc * tl.load(route_w_ptr + rows, mask=offs_m < count, other=0.0)[:, None]
+        out = gate * tl.load(route_w_ptr + rows, mask=offs_m < count, other=0.0)[:, None]
     tl.store(
         out_ptr + rows[:, None] * stride_ot + offs_n[None, :],
         out.to(out_ptr.dtype.element_ty),

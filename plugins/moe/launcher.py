@@ -164,11 +164,25 @@ def launches(
     buffers = (sorted_rows, expert_ids, block_rows, route_w)
     h = torch.empty((T * KS, I), dtype=x.dtype, device=dev)
     out = torch.empty((T * KS, H), dtype=x.dtype, device=dev)
-    shared_m = S * triton.cdiv(T, block_m)
     g1, g2 = cfg["gemm1"], cfg["gemm2"]
-    common = dict(num_tokens=T, top_k=top_k, KS=KS, block_m=block_m, gemv=cfg.get("kernel", "mma") == "gemv")
-    routed = dict(route=buffers, routed=True, nvfp4=True, grid_m=num_blocks, **common)
-    dense = dict(route=buffers, routed=False, nvfp4=False, grid_m=shared_m, **common)
+    common = dict(num_tokens=T, top_k=top_k, KS=KS)
+    gemv = cfg.get("kernel", "mma") == "gemv"  # the routed GEMMs' kernel
+    routed = dict(
+        route=buffers, routed=True, nvfp4=True, grid_m=num_blocks, block_m=block_m, gemv=gemv, **common
+    )
+    # The bf16 shared experts always take the tensor-core kernel (it reaches ~80% of the bandwidth at
+    # decode sizes), in blocks of at least 16 tokens (its dot's smallest side).
+    shared_block_m = max(block_m, 16)
+    shared_m = S * triton.cdiv(T, shared_block_m)
+    dense = dict(
+        route=buffers,
+        routed=False,
+        nvfp4=False,
+        grid_m=shared_m,
+        block_m=shared_block_m,
+        gemv=False,
+        **common,
+    )
     parts = [
         ("route", route),
         (
@@ -232,13 +246,14 @@ def _candidates(T: int) -> list[dict]:
             g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
             out.append({"block_m": m, "shared": shared, "gemm1": g, "gemm2": dict(g)})
     if T <= 16:
-        # the CUDA-core GEMV: rows per block (4: an expert's few decode rows share one weight read),
-        # rows of W per program, columns per step; the bf16 shared experts through cuBLAS (the GEMV
-        # reads the shared weights once per block of tokens)
-        for m, n, k, warps, stages in [(4, 16, 256, 4, 2), (4, 32, 256, 4, 2), (4, 16, 512, 4, 2),
-                                       (4, 8, 512, 4, 3), (2, 16, 256, 4, 3)]:  # fmt: skip
+        # the CUDA-core GEMV of the routed experts: rows per block (1 at batch 1; a few when an expert's
+        # decode rows share one weight read), rows of W per program, columns per step; the shared
+        # experts on tensor cores (tiles as the GEMV's, 16 tokens a block) or through cuBLAS
+        for m, n, k, warps, stages in [(1, 32, 512, 4, 2), (1, 16, 512, 4, 3), (1, 64, 256, 4, 2),
+                                       (1, 32, 1024, 8, 2), (2, 32, 512, 4, 2), (4, 32, 256, 4, 2)]:  # fmt: skip
             g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
-            out.append({"block_m": m, "kernel": "gemv", "shared": "torch", "gemm1": g, "gemm2": dict(g)})
+            for shared in ("triton", "torch"):
+                out.append({"block_m": m, "kernel": "gemv", "shared": shared, "gemm1": g, "gemm2": dict(g)})
     return out
 
 
@@ -253,12 +268,18 @@ def tune(
     table = {"version": 1, "buckets": []}
     for max_tokens, T in zip(token_buckets, sample_tokens):
         args = make_inputs(T)
+        want = expert_sink_moe(*args, config=select_config(None, T)).float()
         best, best_ms = None, float("inf")
         for cfg in _candidates(T):
             try:
+                got = expert_sink_moe(*args, config=cfg).float()
                 ms = _time(args, cfg)
             except Exception as exc:  # a config that does not compile (shared memory) is skipped
                 log(f"tune T={T} {cfg}: failed ({type(exc).__name__})")
+                continue
+            err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
+            if not err < 2e-2:  # the tiles sum in other orders, in bf16: a wrong kernel is far off
+                log(f"tune T={T} {cfg}: wrong output (max error {err:.1e} of the output's range), skipped")
                 continue
             log(f"tune T={T} {json.dumps(cfg)}: {ms * 1e3:.1f} us")
             if ms < best_ms:

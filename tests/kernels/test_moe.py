@@ -179,15 +179,16 @@ GEMV = {"block_m": 4, "kernel": "gemv", "gemm1": {"block_n": 16, "block_k": 64, 
         "gemm2": {"block_n": 32, "block_k": 32, "num_warps": 4, "num_stages": 2}}  # fmt: skip
 
 
-@pytest.mark.parametrize("shared", ["triton", "torch"])
-@pytest.mark.parametrize("T", [1, 9])
-def test_triton_gemv_matches_reference(T, shared):
-    """The decode GEMV: blocks of 4 rows (an expert with more than 4 rows gets several blocks at
-    T = 9), the shared experts through it or cuBLAS."""
+@pytest.mark.parametrize(
+    "T, shared, block_m", [(1, "triton", 1), (9, "triton", 4), (1, "torch", 4), (9, "torch", 1)]
+)
+def test_triton_gemv_matches_reference(T, shared, block_m):
+    """The decode GEMV of the routed experts (uint32 words of codes): blocks of 1 or 4 rows (an expert
+    with more rows than that gets several blocks at T = 9), the shared experts on tensor cores or cuBLAS."""
     c = TINY
     router, packed, sw13, sw2 = _layer(c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=10 + T)
     x = torch.randn(T, c["H"], generator=torch.Generator().manual_seed(T)).to(DEVICE)
-    table = {"version": 1, "buckets": [{"max_tokens": 1 << 30, "shared": shared, **GEMV}]}
+    table = {"version": 1, "buckets": [{"max_tokens": 1 << 30, "shared": shared, **GEMV, "block_m": block_m}]}
     _check_triton(x, router, packed, sw13, sw2, c["E"], c["top_k"], tile_configs=json.dumps(table))
 
 
