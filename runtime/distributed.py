@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -65,17 +66,48 @@ class RankGroup:
         dist.destroy_process_group()
 
 
-def to_host(obj: Any) -> Any:
-    """Tensors (also inside tuples, lists, dicts and dataclasses) moved to the CPU, for the control group."""
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu()
+class WireTensor:
+    """A host tensor as the control group sends it: its bytes as a numpy array (numpy arrays pickle as
+    one raw buffer; a torch tensor's own pickle costs ~6x more, and the control group carries a step's
+    inputs every step), its dtype and shape."""
+
+    __slots__ = ("data", "dtype", "shape")
+
+    def __init__(self, t: torch.Tensor):
+        t = t.detach().cpu().contiguous()
+        self.data = t.reshape(-1).view(torch.uint8).numpy()
+        self.dtype, self.shape = t.dtype, tuple(t.shape)
+
+    def __getstate__(self):
+        return self.data, self.dtype, self.shape
+
+    def __setstate__(self, state):
+        self.data, self.dtype, self.shape = state
+
+    def tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.data).view(self.dtype).reshape(self.shape)
+
+
+def to_wire(obj: Any) -> Any:
+    """`obj` with its tensors (also inside tuples, lists, dicts and dataclasses) as WireTensors."""
+    return _map_tensors(obj, WireTensor)
+
+
+def from_wire(obj: Any) -> Any:
+    """The inverse of to_wire: host tensors again."""
+    return _map_tensors(obj, WireTensor.tensor)
+
+
+def _map_tensors(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(obj, (torch.Tensor, WireTensor)):
+        return fn(obj)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(to_host(x) for x in obj)
+        return type(obj)(_map_tensors(x, fn) for x in obj)
     if isinstance(obj, dict):
-        return {k: to_host(v) for k, v in obj.items()}
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.replace(
-            obj, **{f.name: to_host(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+            obj, **{f.name: _map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj)}
         )
     return obj
 
@@ -146,7 +178,7 @@ class Workers:
         for rank, proc in enumerate(self.procs, start=1):
             if proc.poll() is not None:
                 raise RuntimeError(f"tensor-parallel worker rank {rank} exited with code {proc.returncode}")
-        dist.broadcast_object_list([(method, to_host(args), reply)], src=0, group=self.group.control)
+        dist.broadcast_object_list([(method, to_wire(args), reply)], src=0, group=self.group.control)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the workers and leave the process groups (the process can then start others)."""

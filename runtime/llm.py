@@ -92,6 +92,7 @@ class LLM:
     def shutdown(self) -> None:
         """Stop the worker processes of a tensor-parallel engine (nothing to do for one rank)."""
         if self.workers is not None:
+            self.engine.runner.drop_graphs()
             self.workers.shutdown()
 
     # Prompts.

@@ -10,6 +10,7 @@ that changes them to the others (`workers`, runtime/distributed.py), which make 
 from __future__ import annotations
 
 import dataclasses
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -151,6 +152,15 @@ class ModelRunner(EngineRunner):
         self.step_graphs = graphs("step", self.step, STEP_ARGS)
         if self.head is not None:
             self.head_graphs = graphs("mtp_head", self.head, HEAD_ARGS)
+
+    def drop_graphs(self) -> None:
+        """Destroy the captured graphs, before this rank leaves its process groups: on 2xH200 both ranks of
+        tp 2 then waited forever in destroy_process_group while graphs that had captured NCCL collectives
+        were alive."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.step_graphs = self.head_graphs = None
+        gc.collect()
 
     def graph_stats(self) -> dict[str, int]:
         """Calls of the step and head programs that ran from a bucket (graphed) or eager, and captures."""

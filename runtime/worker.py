@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from builder.engine import Engine, read_engine_config
 
-from .distributed import STEP_TIMEOUT, RankGroup
+from .distributed import STEP_TIMEOUT, RankGroup, from_wire
 from .model_runner import ModelRunner
 
 
@@ -48,9 +48,10 @@ def serve(
             method, args, reply = message[0]
             if method == "shutdown":
                 break
-            result = getattr(runner, method)(*args)
+            result = getattr(runner, method)(*from_wire(args))
             if reply:
                 dist.gather_object(result, None, dst=0, group=group.control)
+    runner.drop_graphs()
     group.leave()
 
 
