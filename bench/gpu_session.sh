@@ -18,6 +18,7 @@
 #                                           #   beside them the moved-program test (tp ranks' device move)
 #     bash bench/gpu_session.sh tp-moe      # 2 GPUs: tp-tests, then bench.tp tp 2; beside them on GPU 1 (done
 #                                           #   before tp 2 needs it) the MoE GEMV GPU tests, bench/moe.py, e2e batch 1
+#     bash bench/gpu_session.sh moe-ncu     # 1 GPU: Nsight Compute on the MoE kernels at T = 1 (tensor cores, GEMV)
 #                                           #   (needs the .carry/ wheels, see BENCHMARKS "Serving on the GPU")
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
@@ -161,8 +162,15 @@ tp-moe)
     wait
     pack tp-moe
     ;;
+moe-ncu)
+    # Where the routed NVFP4 GEMMs lose their bandwidth (15-17% of it at T = 1): throughput, occupancy,
+    # warp stalls and memory traffic of each MoE launch, for both decode kernels. Clocks left alone.
+    run moe_ncu 300 ncu --clock-control none --kernel-name regex:moe_ --launch-count 32 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section LaunchStats python3 bench/moe.py --launch-only 1
+    ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu}" >&2
     exit 2
     ;;
 esac

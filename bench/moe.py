@@ -326,13 +326,38 @@ def write_md(moe_rows, sconv_rows, path):
         f.write("\n".join(lines) + "\n")
 
 
+def launch_only(T: int) -> None:
+    """The op at T tokens in the default tensor-core config and in the GEMV one, three calls each after a
+    warm-up, for a profiler to capture (`ncu --kernel-name regex:moe_ ...`; bench/gpu_session.sh moe-ncu)."""
+    packed, router, sw13, sw2 = make_layer()
+    x = torch.randn(T, H, device=DEV, dtype=torch.bfloat16)
+    args = (x, router, *[packed[n] for n in PACKED_NAMES], sw13, sw2, E, TOP_K)
+    gemv = {"block_m": 1, "kernel": "gemv", "shared": "triton",
+            "gemm1": {"block_n": 32, "block_k": 512, "num_warps": 4, "num_stages": 2},
+            "gemm2": {"block_n": 32, "block_k": 512, "num_warps": 4, "num_stages": 2}}  # fmt: skip
+    for name, cfg in (("tensor cores", moe_launcher.select_config(None, T)), ("GEMV", gemv)):
+        moe_launcher.expert_sink_moe(*args, config=cfg)  # compiles
+        torch.cuda.synchronize()
+        for _ in range(3):
+            moe_launcher.expert_sink_moe(*args, config=cfg)
+        torch.cuda.synchronize()
+        log(f"launched {name}: {json.dumps(cfg)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench-moe")
     ap.add_argument("--skip-moe", action="store_true")
     ap.add_argument("--skip-sconv", action="store_true")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="the MoE section's T values")
+    ap.add_argument(
+        "--launch-only", type=int, metavar="T",
+        help="run the op at T tokens a few times in each decode config and exit (for ncu: no timing)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.launch_only:
+        launch_only(args.launch_only)
+        return
     os.makedirs(args.out, exist_ok=True)
     tokens = tuple(int(t) for t in args.tokens.split(","))
     moe_rows, table = ([], None) if args.skip_moe else moe_section(args.out, tokens)
