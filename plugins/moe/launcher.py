@@ -183,24 +183,31 @@ def launches(
         gemv=False,
         **common,
     )
-    parts = [
-        ("route", route),
-        (
-            "gemm1 routed",
-            lambda: _gemm(x, w13, w13_scale, w13_scale_2, h, N=I, K=H, cfg=g1, gated=True, **routed),
-        ),
-    ]
+
+    def gemm1_routed():
+        _gemm(x, w13, w13_scale, w13_scale_2, h, N=I, K=H, cfg=g1, gated=True, **routed)
+
+    def gemm1_shared():
+        _gemm(x, shared_w13, None, None, h, N=I, K=H, cfg=g1, gated=True, **dense)
+
+    def gemm2_routed():
+        _gemm(h, w2, w2_scale, w2_scale_2, out, N=H, K=I, cfg=g2, gated=False, **routed)
+
+    def gemm2_shared():
+        _gemm(h, shared_w2, None, None, out, N=H, K=I, cfg=g2, gated=False, **dense)
+
+    parts = [("route", route), ("gemm1 routed", gemm1_routed)]
     if cfg.get("shared", "triton") == "triton":
         parts += [
-            ("gemm1 shared", lambda: _gemm(x, shared_w13, None, None, h, N=I, K=H, cfg=g1, gated=True, **dense)),
-            ("gemm2 routed", lambda: _gemm(h, w2, w2_scale, w2_scale_2, out, N=H, K=I, cfg=g2, gated=False, **routed)),
-            ("gemm2 shared", lambda: _gemm(h, shared_w2, None, None, out, N=H, K=I, cfg=g2, gated=False, **dense)),
-        ]  # fmt: skip
-    else:
+            ("gemm1 shared", gemm1_shared),
+            ("gemm2 routed", gemm2_routed),
+            ("gemm2 shared", gemm2_shared),
+        ]
+    else:  # both shared GEMMs through cuBLAS
         parts += [
-            ("gemm2 routed", lambda: _gemm(h, w2, w2_scale, w2_scale_2, out, N=H, K=I, cfg=g2, gated=False, **routed)),
+            ("gemm2 routed", gemm2_routed),
             ("shared (cuBLAS)", lambda: _shared_torch(x, shared_w13, shared_w2, route_w, out, top_k)),
-        ]  # fmt: skip
+        ]
     parts.append(("combine", lambda: torch.sum(out.view(T, KS, H), dim=1, out=y)))
     return y, parts
 
