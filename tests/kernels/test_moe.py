@@ -180,7 +180,7 @@ GEMV = {"block_m": 4, "kernel": "gemv", "gemm1": {"block_n": 16, "block_k": 64, 
 
 
 @pytest.mark.parametrize(
-    "T, shared, block_m", [(1, "triton", 1), (9, "triton", 4), (1, "torch", 4), (9, "torch", 1)]
+    "T, shared, block_m", [(1, "triton", 1), (9, "triton", 4), (1, "torch", 4), (3, "torch", 1)]
 )
 def test_triton_gemv_matches_reference(T, shared, block_m):
     """The decode GEMV of the routed experts (uint32 words of codes): blocks of 1 or 4 rows (an expert
