@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -32,6 +34,7 @@ from plugins.collectives import init_communicator, set_communicator
 
 CONTROL_TIMEOUT = timedelta(days=365)  # a worker waits for the next call as long as the server idles
 STEP_TIMEOUT = timedelta(minutes=10)  # a collective inside a step (a rank that died shows up here)
+CONTROL_BYTES = 1 << 16  # a control message's one broadcast: an 8-byte length, then the pickled call
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -42,6 +45,9 @@ class RankGroup:
     rank: int
     world_size: int
     control: dist.ProcessGroup
+    buffer: torch.Tensor = dataclasses.field(
+        default_factory=lambda: torch.zeros(CONTROL_BYTES, dtype=torch.uint8)
+    )
 
     @classmethod
     def join(cls, store: dist.Store, rank: int, world_size: int, device: str, collectives: str) -> RankGroup:
@@ -57,6 +63,34 @@ class RankGroup:
         dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
         set_communicator(init_communicator(backend, rank=rank, world_size=world_size, device=dev))
         return cls(rank, world_size, control)
+
+    def send_call(self, method: str, args: tuple, reply: bool) -> None:
+        """Rank 0: broadcast a call to the workers, as one fixed-size broadcast of its pickle (its tensors as
+        WireTensors), and a second one where it does not fit. broadcast_object_list costs more: it sends
+        the size, then the object, each with its own conversions."""
+        payload = pickle.dumps((method, to_wire(args), reply), protocol=pickle.HIGHEST_PROTOCOL)
+        view = self.buffer.numpy()
+        view[:8].view(np.int64)[0] = len(payload)
+        fits = len(payload) <= CONTROL_BYTES - 8
+        if fits:
+            view[8 : 8 + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+        dist.broadcast(self.buffer, src=0, group=self.control)
+        if not fits:
+            dist.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8), src=0, group=self.control)
+
+    def receive_call(self) -> tuple[str, tuple, bool]:
+        """A worker: the next call rank 0 sends (send_call), its tensors on the host."""
+        dist.broadcast(self.buffer, src=0, group=self.control)
+        view = self.buffer.numpy()
+        n = int(view[:8].view(np.int64)[0])
+        if n <= CONTROL_BYTES - 8:
+            payload = view[8 : 8 + n].tobytes()
+        else:
+            big = torch.empty(n, dtype=torch.uint8)
+            dist.broadcast(big, src=0, group=self.control)
+            payload = big.numpy().tobytes()
+        method, args, reply = pickle.loads(payload)
+        return method, from_wire(args), reply
 
     def leave(self) -> None:
         from plugins.collectives import get_communicator
@@ -178,7 +212,7 @@ class Workers:
         for rank, proc in enumerate(self.procs, start=1):
             if proc.poll() is not None:
                 raise RuntimeError(f"tensor-parallel worker rank {rank} exited with code {proc.returncode}")
-        dist.broadcast_object_list([(method, to_wire(args), reply)], src=0, group=self.group.control)
+        self.group.send_call(method, args, reply)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the workers and leave the process groups (the process can then start others)."""
@@ -187,7 +221,7 @@ class Workers:
         left = False
         try:
             if all(p.poll() is None for p in self.procs):
-                dist.broadcast_object_list([("shutdown", (), False)], src=0, group=self.group.control)
+                self.group.send_call("shutdown", (), False)
                 # Leave with the workers, not after them: NCCL's teardown may wait for every rank. (On
                 # 2xH200 rank 0 waited its full timeout for a worker to exit, then killed it.)
                 left = True

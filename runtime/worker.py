@@ -15,14 +15,13 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from builder.engine import Engine, read_engine_config
 
-from .distributed import STEP_TIMEOUT, RankGroup, from_wire
+from .distributed import STEP_TIMEOUT, RankGroup
 from .model_runner import ModelRunner
 
 
@@ -43,12 +42,10 @@ def serve(
     runner = ModelRunner(engine, num_blocks, cuda_graphs=graphs == "cuda", pad_eager=graphs == "pad_eager")
     with torch.no_grad():
         while True:
-            message: list[Any] = [None]
-            dist.broadcast_object_list(message, src=0, group=group.control)
-            method, args, reply = message[0]
+            method, args, reply = group.receive_call()
             if method == "shutdown":
                 break
-            result = getattr(runner, method)(*from_wire(args))
+            result = getattr(runner, method)(*args)
             if reply:
                 dist.gather_object(result, None, dst=0, group=group.control)
     runner.drop_graphs()

@@ -40,3 +40,43 @@ def test_wire_round_trip_keeps_values_dtypes_and_shapes():
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _two_ranks(rank: int, port: int, calls: list) -> None:
+    import torch.distributed as dist
+
+    from runtime.distributed import RankGroup
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        group = RankGroup(rank, 2, dist.group.WORLD)
+        for method, args, reply in calls:
+            if rank == 0:
+                group.send_call(method, args, reply)
+            else:
+                got = group.receive_call()
+                assert got[0] == method and got[2] == reply and len(got[1]) == len(args)
+                for want, have in zip(args, got[1]):
+                    assert torch.equal(_bytes(have), _bytes(want)) and have.dtype == want.dtype
+    finally:
+        dist.destroy_process_group()
+
+
+def test_control_calls_cross_between_ranks():
+    """RankGroup.send_call / receive_call over gloo: a small call (one fixed-size broadcast) and one larger
+    than the buffer (a second broadcast), in order."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from runtime.distributed import CONTROL_BYTES
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    calls = [
+        ("execute", (torch.arange(5), torch.randn(3, 7).to(torch.bfloat16)), False),
+        ("gather", (torch.randn(CONTROL_BYTES // 4 + 100),), True),  # larger than the buffer
+        ("reset_slot", (torch.tensor(2),), False),
+    ]
+    mp.spawn(_two_ranks, args=(port, calls), nprocs=2)
