@@ -53,6 +53,16 @@ tiny_engine() {  # tiny_engine DIR [builder flags...]: the synthetic NVFP4 tiny 
         --force "$@" >"$OUT/build_$(basename "$dir").log" 2>&1
 }
 
+tp_tests_then_bench() {  # tp_tests_then_bench TESTS_LIMIT BENCH_LIMIT: the tp 2 tests (NCCL), then bench.tp
+    # on 2 layers with Lamport collectives, with overlapped tp 2 steps if the tests (overlap's among them) passed
+    INKLING_TP_DEVICE=cuda run tp_nccl "$1" "${PYTEST[@]}" tests/e2e/test_tp.py \
+        -k "same_tokens or step_graphs or mtp or overlapped"
+    local overlap=()
+    tail -n 1 "$OUT/tp_nccl.log" | grep -q "^rc 0" && overlap=(--tp_overlap)  # tp 1 overlaps by default
+    run bench_tp "$2" python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
+        --collectives triton --work /tmp/tp --out "$OUT/tp" "${overlap[@]}"
+}
+
 case "${1:-}" in
 graphs)
     run graphs_test 200 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "cuda_graphs and bfloat16"
@@ -114,12 +124,7 @@ x2)
         tiny_engine /tmp/engine-compiled --compile
         run load 200 python3 -m bench.load --engine /tmp/engine-compiled --out "$OUT/load"
     ) &
-    INKLING_TP_DEVICE=cuda run tp_nccl 150 "${PYTEST[@]}" tests/e2e/test_tp.py \
-        -k "same_tokens or step_graphs or mtp or overlapped"
-    overlap=()
-    tail -n 1 "$OUT/tp_nccl.log" | grep -q "^rc 0" && overlap=(--tp_overlap)  # tp 1 overlaps by default
-    run bench_tp 380 python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
-        --collectives triton --work /tmp/tp --out "$OUT/tp" "${overlap[@]}"
+    tp_tests_then_bench 150 380
     wait
     pack x2
     ;;
@@ -153,12 +158,7 @@ tp-moe)
         run e2e 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
             --batches 1 --decode_budget_s 20 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
     ) &
-    INKLING_TP_DEVICE=cuda run tp_nccl 170 "${PYTEST[@]}" tests/e2e/test_tp.py \
-        -k "same_tokens or step_graphs or mtp or overlapped"
-    overlap=()
-    tail -n 1 "$OUT/tp_nccl.log" | grep -q "^rc 0" && overlap=(--tp_overlap)  # tp 1 overlaps by default
-    run bench_tp 370 python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
-        --collectives triton --work /tmp/tp --out "$OUT/tp" "${overlap[@]}"
+    tp_tests_then_bench 170 370
     wait
     pack tp-moe
     ;;
