@@ -340,10 +340,7 @@ class LLMEngine:
             return None
         ids = step.picks
         if rows != list(range(len(step.batch))):
-            index = torch.tensor(rows)
-            if ids.is_cuda:  # without waiting for the step in flight (a pageable copy would)
-                index = index.pin_memory().to(ids.device, non_blocking=True)
-            ids = ids[index]
+            ids = ids[self.runner.to_device(torch.tensor(rows))]  # not waiting for the step in flight
         self.stats["overlapped_steps"] += 1
         return self._launch(batch, ids)
 

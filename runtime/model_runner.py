@@ -250,6 +250,13 @@ class ModelRunner(EngineRunner):
             self.weights, *inputs.to(self.device), self.key_caches, self.value_caches, self.conv_states
         )
 
+    def to_device(self, x: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the runner's device, copied from pinned memory (a copy from pageable memory
+        waits for the work queued before it)."""
+        if self.device.type != "cuda":
+            return x.to(self.device)
+        return x.pin_memory().to(self.device, non_blocking=True)
+
     def step_inputs(self, batch: list[ScheduledSeq], input_ids: torch.Tensor | None = None) -> StepInputs:
         """The batch's tokens (or `input_ids`), media, block tables, slot mappings and state slots (host
         tensors, but media embeddings and input_ids stay where they are)."""
@@ -431,8 +438,8 @@ class ModelRunner(EngineRunner):
                 table[j, : len(t)] = t
             ids = torch.cat(ids)
             if holes:
-                ids = self._to_device(ids)
-                rows_, items_, index_ = (self._to_device(torch.tensor(x)) for x in zip(*holes))
+                ids = self.to_device(ids)
+                rows_, items_, index_ = (self.to_device(torch.tensor(x)) for x in zip(*holes))
                 ids[rows_] = drafted[items_, index_]
             args = [
                 self.head_weights[m - 1],
@@ -456,13 +463,13 @@ class ModelRunner(EngineRunner):
                 out = self.head(*[a.to(dev) if isinstance(a, torch.Tensor) else a for a in args])
             drafting = [j for j, (i, _, _) in enumerate(items) if m <= work[i].num_drafts]
             if drafting:
-                rows = self._to_device((cu[1:] - 1)[drafting].long())
+                rows = self.to_device((cu[1:] - 1)[drafting].long())
                 picked = torch.ops.inkling.mtp_draft(
                     out[rows], self.head_weights[m - 1]["final_layernorm.weight"], self.weights["lm_head.weight"],
                     self.num_real_tokens, self.config.rms_norm_eps, self.draft_impl,
                 )  # fmt: skip
                 drafters = [items[j][0] for j in drafting]
-                drafted[self._to_device(torch.tensor(drafters)), m - 1] = picked
+                drafted[self.to_device(torch.tensor(drafters)), m - 1] = picked
                 for i in drafters:
                     num_drafts[i] += 1
             for j, (i, start, end) in enumerate(items):
@@ -474,13 +481,6 @@ class ModelRunner(EngineRunner):
         rows = drafted.tolist() if any(num_drafts) else []  # the round's one wait for the device
         return [rows[i][:n] if n else [] for i, n in enumerate(num_drafts)]
 
-    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
-        """A host tensor on the runner's device, copied from pinned memory (a copy from pageable memory
-        waits for the work queued before it)."""
-        if self.device.type != "cuda":
-            return x.to(self.device)
-        return x.pin_memory().to(self.device, non_blocking=True)
-
     def _ring_write(self, level: int, slot: int, start: int, rows: torch.Tensor | None) -> None:
         """Keep the last HIDDEN_RING rows of h^level for positions start.. (older ones drop out)."""
         if rows is None or rows.shape[0] == 0:
@@ -488,7 +488,7 @@ class ModelRunner(EngineRunner):
         keep = min(rows.shape[0], HIDDEN_RING)
         end = start + rows.shape[0]
         pos = torch.arange(end - keep, end)
-        self.hidden_ring[level, slot, self._to_device(pos % HIDDEN_RING)] = rows[-keep:].to(self.dtype)
+        self.hidden_ring[level, slot, self.to_device(pos % HIDDEN_RING)] = rows[-keep:].to(self.dtype)
         self.ring_end[level][slot] = end
 
     def _head_inputs(
@@ -504,7 +504,7 @@ class ModelRunner(EngineRunner):
                     f"MTP hidden ring of level {level} holds positions [{ring_end - HIDDEN_RING}, {ring_end}), "
                     f"head needs [{start}, {split})"
                 )
-            idx = self._to_device(torch.arange(start, split) % HIDDEN_RING)
+            idx = self.to_device(torch.arange(start, split) % HIDDEN_RING)
             parts.append(self.hidden_ring[level, slot, idx])
         if end > split:
             parts.append(fresh_rows[split - fresh_start : end - fresh_start])
