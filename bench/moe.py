@@ -344,6 +344,45 @@ def launch_only(T: int) -> None:
         log(f"launched {name}: {json.dumps(cfg)}")
 
 
+def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
+    """Every decode candidate of tune() (routed kernel mma, gemv or bd; shared experts on the Triton
+    path) at T tokens: the whole op's error against the reference, and its routed GEMMs timed alone
+    (CUDA-graph replays) against their bytes over the bandwidth. Writes decode_kernels.json."""
+    packed, router, sw13, sw2 = make_layer()
+    rows = []
+    for T in tokens:
+        x = torch.randn(
+            T, H, device=DEV, dtype=torch.bfloat16, generator=torch.Generator(device=DEV).manual_seed(T)
+        )
+        args = (x, router, *[packed[n] for n in PACKED_NAMES], sw13, sw2, E, TOP_K)
+        want = torch.ops.inkling.expert_sink_moe(*args, "", "reference").float()
+        _, idx, _ = __import__("inkling.ops", fromlist=["route"]).route(x, router, E, TOP_K)
+        n_exp = int(torch.unique(idx).numel())
+        for cfg in [c for c in moe_launcher._candidates(T) if c.get("shared", "triton") == "triton"]:
+            try:
+                y = moe_launcher.expert_sink_moe(*args, config=cfg).float()
+                err = float((y - want).norm() / want.norm())
+                _, launches = moe_launcher.launches(*args, config=cfg)
+                for _, run in launches:
+                    run()
+                times = {name: bench(run)[0] * 1e3 for name, run in launches if "routed" in name}
+            except Exception as exc:  # noqa: BLE001
+                log(f"T={T} {json.dumps(cfg)}: failed {type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            row = dict(T=T, config=cfg, err=err, **{k.replace(" ", "_") + "_us": v for k, v in times.items()})
+            for name, us in times.items():
+                row[name.replace(" ", "_") + "_bw"] = part_bytes(name, T, n_exp) / MEM_BW * 1e6 / us
+            rows.append(row)
+            g = cfg["gemm1"]
+            log(
+                f"T={T} {cfg.get('kernel', 'mma'):4s} m{cfg['block_m']} n{g['block_n']} k{g['block_k']} "
+                f"w{g['num_warps']} s{g['num_stages']}: err {err:.1e} | gemm1 {times['gemm1 routed']:7.1f} us "
+                f"({row['gemm1_routed_bw']:.0%}) | gemm2 {times['gemm2 routed']:7.1f} us ({row['gemm2_routed_bw']:.0%})"
+            )
+    with open(os.path.join(out_dir, "decode_kernels.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench-moe")
@@ -354,7 +393,14 @@ def main():
         "--launch-only", type=int, metavar="T",
         help="run the op at T tokens a few times in each decode config and exit (for ncu: no timing)",
     )  # fmt: skip
+    ap.add_argument(
+        "--decode-kernels", metavar="T,T", help="time every decode candidate's routed GEMMs and exit"
+    )
     args = ap.parse_args()
+    if args.decode_kernels:
+        os.makedirs(args.out, exist_ok=True)
+        decode_kernels(args.out, tuple(int(t) for t in args.decode_kernels.split(",")))
+        return
     if args.launch_only:
         launch_only(args.launch_only)
         return

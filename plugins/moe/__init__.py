@@ -53,6 +53,9 @@ def expert_sink_moe(
     from . import launcher
 
     config = launcher.select_config(launcher.parse_table(tile_configs), x.shape[0])
+    if config.get("kernel") == "bd" and x.dtype == torch.float32:
+        # bd hands the tensor cores fp16 activations: a float32 network keeps its precision on the GEMV
+        config = {**config, "kernel": "gemv"}
     return launcher.expert_sink_moe(*args, num_routed, top_k, config=config)
 
 

@@ -18,15 +18,19 @@ import triton.testing
 
 from . import kernels
 
+# The routed GEMMs' kernels: "mma" the tensor-core grouped GEMM; "gemv" decode rows on CUDA cores;
+# "bd" decode rows on tensor cores through a block-diagonal activation operand (kernels.moe_bd_kernel).
+KERNELS = ("mma", "gemv", "bd")
+
 # One config per bucket of T (tokens per call). block_m is shared by both GEMMs (it sets the row
 # alignment); each GEMM has its own N/K tiles, warps and pipeline stages. "kernel": "gemv" (decode
 # only: a few rows per block on CUDA cores) instead of the tensor-core "mma" default.
 DEFAULT_TABLE: dict = {
     "version": 1,
     "buckets": [
-        {"max_tokens": 16, "block_m": 16,
-         "gemm1": {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4},
-         "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}},
+        {"max_tokens": 16, "block_m": 1, "kernel": "bd",
+         "gemm1": {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3},
+         "gemm2": {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3}},
         {"max_tokens": 128, "block_m": 16,
          "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
          "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}},
@@ -62,7 +66,25 @@ def _fit_k(block_k: int, K: int) -> int:
 
 
 def _gemm(
-    a, w, ws, wg, out, route, num_tokens, N, K, top_k, KS, block_m, cfg, *, routed, nvfp4, gated, grid_m, gemv
+    a,
+    w,
+    ws,
+    wg,
+    out,
+    route,
+    num_tokens,
+    N,
+    K,
+    top_k,
+    KS,
+    block_m,
+    cfg,
+    *,
+    routed,
+    nvfp4,
+    gated,
+    grid_m,
+    kernel,
 ):
     sorted_rows, expert_ids, block_rows, route_w = route
     block_k = _fit_k(min(cfg["block_k"], K), K)
@@ -77,8 +99,10 @@ def _gemm(
     tiles = dict(TOP_K=top_k, KS=KS, ROUTED=routed, NVFP4=nvfp4, GATED=gated,
                  BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
-    if gemv:
+    if kernel == "gemv":
         kernels.moe_gemv_kernel[grid](*args, **tiles)
+    elif kernel == "bd":
+        kernels.moe_bd_kernel[grid](*args, **tiles)
     else:
         kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, **tiles)
 
@@ -166,9 +190,11 @@ def launches(
     out = torch.empty((T * KS, H), dtype=x.dtype, device=dev)
     g1, g2 = cfg["gemm1"], cfg["gemm2"]
     common = dict(num_tokens=T, top_k=top_k, KS=KS)
-    gemv = cfg.get("kernel", "mma") == "gemv"  # the routed GEMMs' kernel
+    kernel = cfg.get("kernel", "mma")  # the routed GEMMs' kernel
+    if kernel not in KERNELS:
+        raise ValueError(f"expert_sink_moe: unknown kernel {kernel!r} in the tile config (have {KERNELS})")
     routed = dict(
-        route=buffers, routed=True, nvfp4=True, grid_m=num_blocks, block_m=block_m, gemv=gemv, **common
+        route=buffers, routed=True, nvfp4=True, grid_m=num_blocks, block_m=block_m, kernel=kernel, **common
     )
     # The bf16 shared experts always take the tensor-core kernel (it reaches ~80% of the bandwidth at
     # decode sizes), in blocks of at least 16 tokens (its dot's smallest side).
@@ -180,7 +206,7 @@ def launches(
         nvfp4=False,
         grid_m=shared_m,
         block_m=shared_block_m,
-        gemv=False,
+        kernel="mma",
         **common,
     )
 
@@ -261,6 +287,13 @@ def _candidates(T: int) -> list[dict]:
             g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
             for shared in ("triton", "torch"):
                 out.append({"block_m": m, "kernel": "gemv", "shared": shared, "gemm1": g, "gemm2": dict(g)})
+        # the block-diagonal decode kernel on tensor cores (block_k // 16 * block_m >= 16 fills its dot)
+        # (four stages or block_k 512 need more than the 227 KB of shared memory)
+        for m, n, k, warps, stages in [(1, 64, 256, 4, 2), (1, 64, 256, 4, 3), (1, 64, 256, 8, 3),
+                                       (2, 64, 128, 4, 3)]:  # fmt: skip
+            g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
+            for shared in ("triton", "torch"):
+                out.append({"block_m": m, "kernel": "bd", "shared": shared, "gemm1": g, "gemm2": dict(g)})
     return out
 
 
@@ -296,4 +329,11 @@ def tune(
 
 
 def _time(args: tuple, cfg: dict) -> float:
-    return triton.testing.do_bench(lambda: expert_sink_moe(*args, config=cfg), warmup=5, rep=20)
+    """Median ms of CUDA-graph replays, as the engine runs the op: timed eagerly, a decode-sized call
+    measures its ~20 launches' host cost (~0.8 ms at T = 1 on the H200 host, the same for every config)
+    rather than the kernels."""
+    fn = lambda: expert_sink_moe(*args, config=cfg)  # noqa: E731
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
+    except RuntimeError:  # a stream that cannot capture: time it eagerly
+        return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")

@@ -192,6 +192,33 @@ def test_triton_gemv_matches_reference(T, shared, block_m):
     _check_triton(x, router, packed, sw13, sw2, c["E"], c["top_k"], tile_configs=json.dumps(table))
 
 
+@pytest.mark.parametrize(
+    "T, block_m, block_k, scale", [(1, 1, 256, 2.0**17), (9, 2, 128, 1.0), (3, 4, 64, 2.0**17)]
+)
+def test_triton_bd_matches_reference(T, block_m, block_k, scale):
+    """The block-diagonal decode kernel on tensor cores: one to four rows a block, the dot's columns padded
+    when K or the step is short (GEMM 2 reduces over I = 64 here). It hands the tensor cores fp16
+    activations, so x holds fp16 values and only h's rounding to fp16 (GEMM 2's input) and float32
+    summation orders remain: a misplaced nibble, scale block or row is off by the whole output. The op
+    itself runs a float32 network on the GEMV instead. At scale 2^17 every activation (and h) exceeds fp16's
+    range, which the kernel's power-of-two row scaling must absorb."""
+    c = TINY
+    router, packed, sw13, sw2 = _layer(c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=20 + T)
+    x = torch.randn(T, c["H"], generator=torch.Generator().manual_seed(T)).half().float().to(DEVICE) * scale
+    g = {"block_n": 16, "block_k": block_k, "num_warps": 4, "num_stages": 2}
+    cfg = {"block_m": block_m, "kernel": "bd", "gemm1": g, "gemm2": dict(g)}
+    args = _args(x, router, packed, sw13, sw2, c["E"], c["top_k"])
+    y = moe_launcher.expert_sink_moe(*args[:-1], config=cfg)
+    want = torch.ops.inkling.expert_sink_moe(*args, "reference")
+    err = (y - want).norm() / want.norm()
+    assert torch.isfinite(y).all() and err < 1.5e-3, f"relative error {err:.2e}"
+    table = json.dumps({"version": 1, "buckets": [{"max_tokens": 1 << 30, **cfg}]})
+    exact = torch.ops.inkling.expert_sink_moe(
+        *_args(x, router, packed, sw13, sw2, c["E"], c["top_k"], table), "triton"
+    )
+    assert (exact - want).norm() / want.norm() < 2e-5  # float32 through the op: the GEMV
+
+
 def test_triton_nan_rows_stay_in_bounds():
     """A NaN row (a CUDA-graph bucket's padding row may hold one) routes to valid experts, so no kernel reads
     or writes out of bounds, and the finite rows are unaffected."""
@@ -208,7 +235,8 @@ def test_triton_nan_rows_stay_in_bounds():
 
 
 def test_select_config_buckets():
-    assert moe_launcher.select_config(None, 1)["block_m"] == 16
+    assert moe_launcher.select_config(None, 1)["kernel"] == "bd"
+    assert moe_launcher.select_config(None, 17)["block_m"] == 16
     assert moe_launcher.select_config(None, 10**6) == moe_launcher.DEFAULT_TABLE["buckets"][-1]
     table = json.loads(json.dumps(moe_launcher.DEFAULT_TABLE))
     assert moe_launcher.parse_table(json.dumps(table)) == table
@@ -269,9 +297,9 @@ def test_triton_gpu_cuda_graph():
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("T", [1, 3, 16])
-def test_triton_gpu_gemv_bf16(T):
-    """The decode GEMV at inkling-bench shapes, in every tile shape tune() may pick, against the
-    reference op and against the tensor-core kernel."""
+def test_triton_gpu_decode_kernels_bf16(T):
+    """The decode kernels (the GEMV and the block-diagonal tensor-core one) at inkling-bench shapes, in
+    every tile shape tune() may pick, against the reference op and against the tensor-core kernel."""
     c = dict(H=7168, I=2560, E=256, S=2, top_k=6)
     router, packed, sw13, sw2 = _layer(
         c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=T, dtype=torch.bfloat16
@@ -280,7 +308,7 @@ def test_triton_gpu_gemv_bf16(T):
     args = _args(x, router, packed, sw13, sw2, c["E"], c["top_k"])
     want = torch.ops.inkling.expert_sink_moe(*args, "reference").float()
     mma = torch.ops.inkling.expert_sink_moe(*args, "triton").float()
-    for cfg in [k for k in moe_launcher._candidates(1) if k.get("kernel") == "gemv"]:
+    for cfg in [k for k in moe_launcher._candidates(1) if k.get("kernel") in ("gemv", "bd")]:
         table = json.dumps({"version": 1, "buckets": [{"max_tokens": 1 << 30, **cfg}]})
         y = torch.ops.inkling.expert_sink_moe(
             *_args(x, router, packed, sw13, sw2, c["E"], c["top_k"], table), "triton"
