@@ -20,6 +20,7 @@ import queue
 import statistics
 import tempfile
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -66,11 +67,12 @@ def triton_streams(url: str, texts: list[str], max_tokens: int) -> dict:
             "ensemble", grpc_inputs(grpcclient, text, max_tokens, True), request_id=str(i)
         )
     first: dict[str, float] = {}
-    tokens, done = 0, 0
+    tokens, done, responses = 0, 0, 0
     while done < len(texts):
         t, res, err = got.get(timeout=600)
         if err is not None:
             raise RuntimeError(err)
+        responses += 1
         rid = res.get_response().id
         first.setdefault(rid, t - t0)
         if res.as_numpy("finish_reason")[0]:
@@ -84,7 +86,30 @@ def triton_streams(url: str, texts: list[str], max_tokens: int) -> dict:
         "wall_s": wall,
         "tokens_per_s": tokens / wall,
         "ttft_s": statistics.median(first.values()),
+        "responses": responses,
     }
+
+
+def relay_counters(metrics_url: str) -> tuple[float, float]:
+    """(responses, seconds) the `ensemble` BLS has relayed so far, from Triton's /metrics."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    got = {}
+    for line in text.splitlines():
+        for name in ("inkling_relay_responses_total", "inkling_relay_seconds_total"):
+            if line.startswith(name + "{") and 'model="ensemble"' in line:
+                got[name] = float(line.rsplit(" ", 1)[1])
+    return got.get("inkling_relay_responses_total", 0.0), got.get("inkling_relay_seconds_total", 0.0)
+
+
+def relayed(metrics_url: str, run):
+    """run() -> its result, with the relay's cost per response during it (µs) when it streamed."""
+    n0, s0 = relay_counters(metrics_url)
+    r = run()
+    n1, s1 = relay_counters(metrics_url)
+    if r is not None and n1 > n0:
+        r["relay_us"] = (s1 - s0) / (n1 - n0) * 1e6
+    return r
 
 
 def triton_unary(url: str, texts: list[str], max_tokens: int) -> dict | None:
@@ -148,13 +173,14 @@ def main() -> None:
                     ),
                 ):
                     r = run()  # untimed: the first run of a batch size compiles its kernels (Triton JIT)
-                    r = r and run()
+                    r = r and relayed(cfg.metrics_url, run)
                     if r is None:
                         print(f"{n:3d} requests  {name:36s} skipped: its client is not installed", flush=True)
                         continue
                     rows.append((n, name, r))
                     print(
-                        f"{n:3d} requests  {name:36s} {r['tokens_per_s']:8.1f} tok/s  ({r['tokens']} tokens, {r['wall_s']:.2f} s)",
+                        f"{n:3d} requests  {name:36s} {r['tokens_per_s']:8.1f} tok/s  ({r['tokens']} tokens, {r['wall_s']:.2f} s)"
+                        + (f", relay {r['relay_us']:.0f} us/response" if "relay_us" in r else ""),
                         flush=True,
                     )
             server_log = server.log_path
@@ -182,13 +208,19 @@ def write(args: argparse.Namespace, rows: list, startup: float, server_log: obje
             "the in-process runtime 10x slower (1.2 vs 15.8 tok/s for one request), hence one thread each."
         ),
         "",
-        "| requests | path | tokens | wall (s) | tokens/s | median TTFT (s) |",
-        "|---|---|---|---|---|---|",
+        "Streams: responses per token is what reached the client (below 1 when `inkling`'s sender merged",
+        "deltas it had queued); relay µs is the `ensemble` BLS's wall time per response, from its arrival",
+        "from `inkling` to its send (`inkling_relay_seconds_total` / `inkling_relay_responses_total`).",
+        "",
+        "| requests | path | tokens | wall (s) | tokens/s | median TTFT (s) | responses per token | relay µs per response |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for n, name, r in rows:
         ttft = "" if r["ttft_s"] is None else f"{r['ttft_s']:.3f}"
+        per_token = f"{r['responses'] / r['tokens']:.2f}" if r.get("responses") else ""
+        relay = f"{r['relay_us']:.0f}" if "relay_us" in r else ""
         lines.append(
-            f"| {n} | {name} | {r['tokens']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.1f} | {ttft} |"
+            f"| {n} | {name} | {r['tokens']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.1f} | {ttft} | {per_token} | {relay} |"
         )
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -7,10 +7,16 @@ model's stream is either forwarded delta by delta (`ensemble`, decoupled, `strea
 into one response (`stream` false, and always in `ensemble_unary`, the non-decoupled twin that
 HTTP/gRPC unary calls and the `generate` endpoint need). Each request is served on its own worker
 thread, so one instance carries any number of concurrent streams; `inkling` batches them.
+
+A stream's relay merges the deltas that arrived while it was sending (`_relay`), and its cost is on
+Triton's /metrics: `inkling_relay_responses_total` and `inkling_relay_seconds_total` (wall time from a
+response's first delta arriving from `inkling` to its send, by model).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -99,6 +105,16 @@ class PipelineModel:
         self.workers = ThreadPoolExecutor(
             max_workers=int(parameter(cfg, "max_concurrency", "64")), thread_name_prefix="pipeline"
         )
+        labels = {"model": args["model_name"]}
+        self.metric_families = tuple(
+            pb_utils.MetricFamily(name=name, description=text, kind=pb_utils.MetricFamily.COUNTER)
+            for name, text in (
+                ("inkling_relay_responses_total", "Streamed responses relayed from inkling to clients"),
+                ("inkling_relay_seconds_total", "Wall time from a relayed response's arrival to its send"),
+            )
+        )
+        self.relayed, self.relay_s = (family.Metric(labels=labels) for family in self.metric_families)
+        self.metrics_lock = threading.Lock()  # the backend's metric calls are not thread-safe (it crashed)
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -107,6 +123,8 @@ class PipelineModel:
 
     def finalize(self) -> None:
         self.workers.shutdown(wait=True, cancel_futures=True)
+        self.relayed = self.relay_s = None
+        self.metric_families = ()
 
     def _serve(self, request: Any, sender: Any) -> None:
         try:
@@ -161,35 +179,76 @@ class PipelineModel:
             requested_output_names=list(OUTPUTS),
             request_id=rid,
         ).exec(decoupled=True)
-        total, cancelled, checked_at = None, False, time.monotonic()
+        if stream:
+            self._relay(responses, sender, rid)
+            return
+        total = None
         for r in responses:
             if r.has_error():
                 raise StepError(r.error().message(), r.error().code())
-            if not r.output_tensors():
-                continue  # a bare final flag
+            if r.output_tensors():  # else a bare final flag
+                d = Delta.from_response(r)
+                total = d if total is None else total.merge(d)
+        if total is None:
+            raise StepError("inkling ended the stream without a response", pb_utils.TritonError.INTERNAL)
+        sender.send(total.response(), flags=FINAL)
+
+    def _relay(self, responses: Any, sender: Any, rid: str) -> None:
+        """Forward inkling's deltas to the client. A reader thread takes them off inkling's stream as they
+        come; each send carries every delta that arrived while the previous send was under way, merged
+        into one response (so a relay that falls behind sends fewer, larger responses, and one that keeps
+        up adds no delay). A client that cancels gets inkling's request aborted."""
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+        def read() -> None:
+            try:
+                for r in responses:
+                    inbox.put((time.monotonic(), r))
+            except Exception as e:  # noqa: BLE001  (handed to the sending thread)
+                inbox.put((time.monotonic(), e))
+            inbox.put(None)
+
+        threading.Thread(target=read, name="pipeline-relay", daemon=True).start()
+        cancelled, checked_at, ended = False, time.monotonic(), False
+        while not ended:
+            batch = [inbox.get()]
+            while True:
+                try:
+                    batch.append(inbox.get_nowait())
+                except queue.Empty:
+                    break
+            merged, arrived = None, None
+            for item in batch:
+                if item is None:
+                    ended = True
+                    break
+                t, r = item
+                if isinstance(r, Exception):
+                    raise r
+                if r.has_error():
+                    raise StepError(r.error().message(), r.error().code())
+                if not r.output_tensors():
+                    continue  # a bare final flag
+                d = Delta.from_response(r)
+                merged, arrived = (d, t) if merged is None else (merged.merge(d), arrived)
             if not cancelled and time.monotonic() - checked_at >= CANCEL_CHECK_S:
                 checked_at = time.monotonic()
                 if sender.is_cancelled():
                     cancelled = True
                     _abort(rid)
-            if cancelled:
+            if merged is None or cancelled:
                 continue
-            d = Delta.from_response(r)
-            if stream:
-                sender.send(d.response(), flags=FINAL if d.finish_reason else 0)
-                if d.finish_reason:
-                    return
-            else:
-                total = d if total is None else total.merge(d)
-        if cancelled or (stream and total is None):
-            sender.send(flags=FINAL)
-        elif total is not None:
-            sender.send(total.response(), flags=FINAL)
-        else:
-            sender.send(
-                error("inkling ended the stream without a response", pb_utils.TritonError.INTERNAL),
-                flags=FINAL,
-            )
+            final = bool(merged.finish_reason)
+            sender.send(merged.response(), flags=FINAL if final else 0)
+            self._count_relay(arrived)
+            if final:
+                return
+        sender.send(flags=FINAL)  # cancelled, or the stream ended without a final delta
+
+    def _count_relay(self, arrived: float) -> None:
+        with self.metrics_lock:
+            self.relayed.increment(1)
+            self.relay_s.increment(time.monotonic() - arrived)
 
 
 def _call(model: str, inputs: list, outputs: list[str]) -> dict[str, np.ndarray]:

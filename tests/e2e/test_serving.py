@@ -229,12 +229,22 @@ def test_grpc_unary_equals_in_process(server, expected):
 
 
 def test_grpc_streaming_equals_in_process(server, expected):
+    relayed = 'inkling_relay_responses_total{model="ensemble"}'
+    before = metrics(server).get(relayed, 0.0)
     out = grpc_stream(
         server.cfg.grpc_url, [(f"r{i}", inputs(grpcclient, p, stream=True)) for i, p in enumerate(PROMPTS)]
     )
     for i, want in enumerate(expected):
         assert len(out[f"r{i}"]) > 1, "streamed as one response"
         assert join(out[f"r{i}"]) == want
+    # the relay counts each response it sent (merged deltas are one) once the send returns, which may be
+    # just after the client has it
+    sent = sum(len(v) for v in out.values())
+    deadline = time.monotonic() + 10
+    while (m := metrics(server))[relayed] - before < sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert m[relayed] - before == sent
+    assert m['inkling_relay_seconds_total{model="ensemble"}'] > 0
 
 
 def test_generate_endpoints_equal_in_process(server, expected):
