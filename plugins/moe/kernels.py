@@ -461,6 +461,7 @@ def moe_bd_kernel(
     BLOCK_M: tl.constexpr,  # rows per block (decode: 1 to 4), a power of two up to 16
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    STACK_GU: tl.constexpr = False,  # GEMM 1: gate and up rows in one dot of 2 * BLOCK_N rows
 ):
     """The decode form of moe_gemm_kernel on tensor cores (same blocks, same outputs).
 
@@ -490,6 +491,14 @@ def moe_bd_kernel(
     )
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    # The rows of W a program reads: its BLOCK_N, or with STACK_GU its gate rows then its up rows (N + n),
+    # so that one dot per K step serves both halves of the SwiGLU.
+    STACKED: tl.constexpr = GATED and STACK_GU
+    ROWS: tl.constexpr = 2 * BLOCK_N if STACKED else BLOCK_N
+    offs_r = tl.arange(0, ROWS)
+    n_r = pid_n * BLOCK_N + offs_r % BLOCK_N
+    r_mask = n_r < N
+    w_row = n_r + (offs_r // BLOCK_N) * N
     offs_j = tl.arange(0, W)
     offs_c = tl.arange(0, C)
     m_of_c = offs_c % BLOCK_M
@@ -505,12 +514,12 @@ def moe_bd_kernel(
     r0 = tl.load(sorted_rows_ptr + pid_m * BLOCK_M).to(tl.int64)  # a used block's first row
     a_row0 = (r0 // KS if GATED else r0) * stride_at
     wp = w_base.to(tl.pointer_type(tl.uint32))
-    w_rows = wp + offs_n[:, None] * (stride_wn // 4) + offs_j[None, :]
-    s_rows = ws_base + offs_n[:, None] * stride_wsn + (offs_c // BLOCK_M)[None, :]
+    w_rows = wp + w_row[:, None] * (stride_wn // 4) + offs_j[None, :]
+    s_rows = ws_base + w_row[:, None] * stride_wsn + (offs_c // BLOCK_M)[None, :]
     if KBP == KB:
-        s_mask = n_mask[:, None]  # a row's scales of the step are contiguous: one vector load
+        s_mask = r_mask[:, None]  # a row's scales of the step are contiguous: one vector load
     else:
-        s_mask = n_mask[:, None] & (offs_c // BLOCK_M < KB)[None, :]
+        s_mask = r_mask[:, None] & (offs_c // BLOCK_M < KB)[None, :]
     in_block = (offs_k // 4)[:, None] == (offs_c // BLOCK_M)[None, :]
     # fp16 holds |a| < 65504: a row whose largest |value| reaches 2^15 goes to the dot scaled down by a
     # power of two (exact), and its sums are scaled back up in float32. Rows in range are left as they are.
@@ -532,15 +541,15 @@ def moe_bd_kernel(
             amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
         shift = tl.maximum(tl.ceil(tl.log2(tl.maximum(tl.max(amax, axis=0), 1.0))) - 15.0, 0.0)  # [C]
     a_mult = tl.exp2(-shift)
-    acc = tl.zeros([BLOCK_N, C], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_N, C], dtype=tl.float32)
+    acc = tl.zeros([ROWS, C], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, C], dtype=tl.float32)  # the up rows when not STACKED
     for k0 in range(0, K, BLOCK_K):
-        g_words = tl.load(w_rows + k0 // 8, mask=n_mask[:, None], other=0)
+        g_words = tl.load(w_rows + k0 // 8, mask=r_mask[:, None], other=0)
         g_scale = tl.load(s_rows + k0 // 16, mask=s_mask, other=0.0).to(tl.float32)
-        if GATED:
+        if GATED and not STACKED:
             u_words = tl.load(w_rows + N * (stride_wn // 4) + k0 // 8, mask=n_mask[:, None], other=0)
             u_scale = tl.load(s_rows + N * stride_wsn + k0 // 16, mask=s_mask, other=0.0).to(tl.float32)
-        pg = tl.zeros([BLOCK_N, C], dtype=tl.float32)
+        pg = tl.zeros([ROWS, C], dtype=tl.float32)
         pu = tl.zeros([BLOCK_N, C], dtype=tl.float32)
         for P in tl.static_range(4):
             if BLOCK_M == 1:  # one activation row: load its 2W columns once, place them by block
@@ -550,12 +559,12 @@ def moe_bd_kernel(
                 a = tl.load(a_ptrs + (k0 + P), mask=a_mask, other=0.0).to(tl.float32)
                 a = (a * a_mult[None, :]).to(tl.float16)
             lo, hi = _e2m1_pair_f16(g_words, P)
-            pg = tl.dot(tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * W)), a, pg)
-            if GATED:
+            pg = tl.dot(tl.reshape(tl.join(lo, hi), (ROWS, 2 * W)), a, pg)
+            if GATED and not STACKED:
                 lo, hi = _e2m1_pair_f16(u_words, P)
                 pu = tl.dot(tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * W)), a, pu)
         acc += pg * g_scale
-        if GATED:
+        if GATED and not STACKED:
             acc_u += pu * u_scale
     # Sum the blocks' partial sums: [BLOCK_N, KB, BLOCK_M] -> [BLOCK_N, BLOCK_M], times the global
     # scale and 2^14 (the codes' fp16 placement).
@@ -563,10 +572,16 @@ def moe_bd_kernel(
         out_mult = tl.exp2(shift)
     else:
         out_mult = tl.exp2(shift)[None, :]
-    gate = tl.sum(tl.reshape(acc * out_mult, (BLOCK_N, KBP, BLOCK_M)), axis=1) * (g_gate * 16384.0)
+    sums = tl.sum(tl.reshape(acc * out_mult, (ROWS, KBP, BLOCK_M)), axis=1)  # [ROWS, BLOCK_M]
     offs_m = tl.arange(0, BLOCK_M)
+    if STACKED:
+        sums = sums * (tl.where(offs_r < BLOCK_N, g_gate, g_up) * 16384.0)[:, None]
+        gate, up = tl.split(tl.permute(tl.reshape(sums, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
+    else:
+        gate = sums * (g_gate * 16384.0)
+        if GATED:
+            up = tl.sum(tl.reshape(acc_u * out_mult, (BLOCK_N, KBP, BLOCK_M)), axis=1) * (g_up * 16384.0)
     if GATED:
-        up = tl.sum(tl.reshape(acc_u * out_mult, (BLOCK_N, KBP, BLOCK_M)), axis=1) * (g_up * 16384.0)
         out = gate / (1.0 + tl.exp(-gate)) * up
     else:
         out = gate * tl.load(route_w_ptr + rows, mask=offs_m < count, other=0.0)[None, :]

@@ -102,7 +102,7 @@ def _gemm(
     if kernel == "gemv":
         kernels.moe_gemv_kernel[grid](*args, **tiles)
     elif kernel == "bd":
-        kernels.moe_bd_kernel[grid](*args, **tiles)
+        kernels.moe_bd_kernel[grid](*args, STACK_GU=bool(cfg.get("stack_gu", False)), **tiles)
     else:
         kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, **tiles)
 
@@ -288,12 +288,16 @@ def _candidates(T: int) -> list[dict]:
             for shared in ("triton", "torch"):
                 out.append({"block_m": m, "kernel": "gemv", "shared": shared, "gemm1": g, "gemm2": dict(g)})
         # the block-diagonal decode kernel on tensor cores (block_k // 16 * block_m >= 16 fills its dot)
-        # (four stages or block_k 512 need more than the 227 KB of shared memory)
-        for m, n, k, warps, stages in [(1, 64, 256, 4, 2), (1, 64, 256, 4, 3), (1, 64, 256, 8, 3),
-                                       (2, 64, 128, 4, 3)]:  # fmt: skip
+        # (four stages or block_k 512 need more than the 227 KB of shared memory); `stack_gu`: GEMM 1's
+        # gate and up rows in one dot per step (half the dots and wgmma waits; not yet timed on the GPU)
+        for m, n, k, warps, stages, stack in [
+            (1, 64, 256, 4, 2, False), (1, 64, 256, 4, 3, False), (1, 64, 256, 8, 3, False),
+            (2, 64, 128, 4, 3, False), (1, 64, 256, 4, 3, True), (1, 32, 256, 4, 3, True),
+        ]:  # fmt: skip
             g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
             for shared in ("triton", "torch"):
-                out.append({"block_m": m, "kernel": "bd", "shared": shared, "gemm1": g, "gemm2": dict(g)})
+                out.append({"block_m": m, "kernel": "bd", "shared": shared,
+                            "gemm1": {**g, "stack_gu": stack}, "gemm2": dict(g)})  # fmt: skip
     return out
 
 
