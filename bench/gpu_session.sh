@@ -20,6 +20,8 @@
 #                                           #   before tp 2 needs it) the MoE GEMV GPU tests, bench/moe.py, e2e batch 1
 #     bash bench/gpu_session.sh moe-ncu     # 1 GPU: Nsight Compute on the MoE kernels at T = 1 (tensor cores, GEMV)
 #                                           #   (needs the .carry/ wheels, see BENCHMARKS "Serving on the GPU")
+#     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
+#                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8 (one tarball)
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
 # with torch and Triton: the project runs from this checkout on PYTHONPATH, never from a fresh venv.
@@ -169,8 +171,17 @@ moe-ncu)
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
         --section LaunchStats python3 bench/moe.py --launch-only 1
     ;;
+moe-decode)
+    # Session 8's measurement, repeated for new decode candidates (stack_gu): correctness of every
+    # candidate at inkling-bench shapes, their routed GEMMs timed alone, then the e2e with the tuned table.
+    run moe_test 200 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "decode_kernels or cuda_graph or float32"
+    run moe_decode 200 python3 bench/moe.py --decode-kernels 1,8 --out "$OUT/moe"
+    run e2e 180 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
+        --batches 1,8 --decode_budget_s 20 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
+    pack moe-decode
+    ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode}" >&2
     exit 2
     ;;
 esac
