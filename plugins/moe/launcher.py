@@ -16,10 +16,10 @@ import torch
 import triton
 import triton.testing
 
-from . import kernels
+from . import decode_kernels, kernels
 
 # The routed GEMMs' kernels: "mma" the tensor-core grouped GEMM; "gemv" decode rows on CUDA cores;
-# "bd" decode rows on tensor cores through a block-diagonal activation operand (kernels.moe_bd_kernel).
+# "bd" decode rows on tensor cores through a block-diagonal activation operand (decode_kernels.moe_bd_kernel).
 KERNELS = ("mma", "gemv", "bd")
 
 # One config per bucket of T (tokens per call). block_m is shared by both GEMMs (it sets the row
@@ -100,9 +100,9 @@ def _gemm(
                  BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
     if kernel == "gemv":
-        kernels.moe_gemv_kernel[grid](*args, **tiles)
+        decode_kernels.moe_gemv_kernel[grid](*args, **tiles)
     elif kernel == "bd":
-        kernels.moe_bd_kernel[grid](*args, STACK_GU=bool(cfg.get("stack_gu", False)), **tiles)
+        decode_kernels.moe_bd_kernel[grid](*args, STACK_GU=bool(cfg.get("stack_gu", False)), **tiles)
     else:
         kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, **tiles)
 

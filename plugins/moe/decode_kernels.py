@@ -1,0 +1,324 @@
+"""The decode forms of `inkling::expert_sink_moe`'s routed GEMMs (@triton.jit code only; launcher.py
+drives them). Same blocks, rows and outputs as kernels.moe_gemm_kernel, for calls of a few tokens, where a
+block holds one to four rows:
+
+- moe_gemv_kernel ("gemv"): CUDA cores, the codes read as uint32 words and decoded in place; exact in
+  float32, so a float32 network runs it in place of "bd";
+- moe_bd_kernel ("bd"): tensor cores through a block-diagonal activation operand (its docstring).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .kernels import _block, _expert_weights
+
+
+@triton.jit
+def _e2m1_word_f32(words, P: tl.constexpr):
+    """Nibble P (0 = lowest) of each uint32 word of E2M1 codes, as float32 E2M1 * 2^-14 (`_e2m1_f16`'s
+    placement, with the nibble's shift folded into the two shifts that place it)."""
+    if 4 * P >= 12:
+        sign = words >> (4 * P - 12)
+    else:
+        sign = words << (12 - 4 * P)
+    if 4 * P >= 9:
+        mag = words >> (4 * P - 9)
+    else:
+        mag = words << (9 - 4 * P)
+    h = (mag & 0x0E00) | (sign & 0x8000)  # s.000e1e0.m000000000 in the low 16 bits
+    return h.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _words_dot(a_ptr, a_row, k0, words, BLOCK_K: tl.constexpr):
+    """[BLOCK_N, BLOCK_K // 8] partial sums of one activation row against a tile of E2M1 words: word j of
+    a row holds columns 8j..8j+7 (nibble p = column 8j+p), each met by its activation column. Everything
+    stays in the words' own layout: no reshape, join or broadcast of the weights."""
+    offs_j = tl.arange(0, BLOCK_K // 8)
+    s = tl.zeros(words.shape, dtype=tl.float32)
+    for p in tl.static_range(8):
+        a_p = tl.load(a_ptr + a_row + k0 + 8 * offs_j + p).to(tl.float32)
+        s += _e2m1_word_f32(words, p) * a_p[None, :]
+    return s
+
+
+@triton.jit
+def _words_tile(
+    w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K: tl.constexpr
+):
+    """The codes of W's rows offs_n, columns k0..k0+BLOCK_K-1, as uint32 words [BLOCK_N, BLOCK_K // 8],
+    and each word's block scale (a 16-column block is two words) with the global scale and 2^14 folded in."""
+    offs_j = tl.arange(0, BLOCK_K // 8)
+    wp = w_ptr.to(tl.pointer_type(tl.uint32))
+    words = tl.load(
+        wp + offs_n[:, None] * (stride_wn // 4) + (k0 // 8 + offs_j)[None, :], mask=n_mask[:, None], other=0
+    )
+    scale = tl.load(
+        ws_ptr + offs_n[:, None] * stride_wsn + (k0 // 16 + offs_j // 2)[None, :],
+        mask=n_mask[:, None],
+        other=0.0,
+    )
+    return words, (scale.to(tl.float32) * global_scale) * 16384.0
+
+
+@triton.jit
+def moe_gemv_kernel(
+    a_ptr,  # as moe_gemm_kernel (NVFP4 weights only: the routed experts)
+    stride_at,
+    w_ptr,
+    stride_we,
+    stride_wn,
+    ws_ptr,
+    stride_wse,
+    stride_wsn,
+    wg_ptr,
+    out_ptr,
+    stride_ot,
+    sorted_rows_ptr,
+    expert_ids_ptr,
+    block_rows_ptr,
+    route_w_ptr,
+    num_tokens,
+    N,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    KS: tl.constexpr,
+    ROUTED: tl.constexpr,
+    NVFP4: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per block: a few (decode), each against the tile held in registers
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The decode form of moe_gemm_kernel (same blocks, same outputs): a GEMV on CUDA cores.
+
+    The codes are read as uint32 words of eight E2M1 codes, and every operation keeps the words' layout:
+    nibble p of word j is decoded in place and met by activation column 8j+p (eight strided loads of the
+    activation row per tile), the products are summed per word, and a word's sum is scaled by its block's
+    scale. The per-word sums accumulate across the K loop and are reduced once at the end. Rows past a
+    block's count cost nothing; a block's rows share each tile load.
+    """
+    tl.static_assert(ROUTED and NVFP4, "moe_gemv_kernel: NVFP4 routed experts only")
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    e, count, rows, a_rows = _block(
+        pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens, TOP_K, KS, ROUTED, GATED, BLOCK_M
+    )
+    if e < 0:
+        return
+    w_base, ws_base, g_gate, g_up = _expert_weights(
+        w_ptr, ws_ptr, wg_ptr, e, stride_we, stride_wse, NVFP4, GATED
+    )
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    W: tl.constexpr = BLOCK_K // 8
+    acc = tl.zeros([BLOCK_M, BLOCK_N, W], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N, W], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        g_words, g_scale = _words_tile(
+            w_base, ws_base, g_gate, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K
+        )
+        if GATED:
+            u_words, u_scale = _words_tile(w_base + N * stride_wn, ws_base + N * stride_wsn, g_up, offs_n, n_mask,
+                                           k0, stride_wn, stride_wsn, BLOCK_K)  # fmt: skip
+        for mi in tl.static_range(BLOCK_M):
+            if mi < count:
+                r = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + mi).to(
+                    tl.int64
+                )  # a scalar load, no reduction
+                a_row = (r // KS if GATED else r) * stride_at
+                p = _words_dot(a_ptr, a_row, k0, g_words, BLOCK_K) * g_scale
+                acc += tl.where(offs_m[:, None, None] == mi, p[None, :, :], 0.0)
+                if GATED:
+                    pu = _words_dot(a_ptr, a_row, k0, u_words, BLOCK_K) * u_scale
+                    acc_u += tl.where(offs_m[:, None, None] == mi, pu[None, :, :], 0.0)
+
+    gate = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
+    if GATED:
+        up = tl.sum(acc_u, axis=2)
+        out = gate / (1.0 + tl.exp(-gate)) * up
+    else:
+        out = gate * tl.load(route_w_ptr + rows, mask=offs_m < count, other=0.0)[:, None]
+    tl.store(
+        out_ptr + rows[:, None] * stride_ot + offs_n[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(offs_m < count)[:, None] & n_mask[None, :],
+    )
+
+
+@triton.jit
+def _e2m1_pair_f16(words, P: tl.constexpr):
+    """Nibbles P and P + 4 (P < 4) of each uint32 word of E2M1 codes as two fp16 tensors, in
+    `_e2m1_f16`'s placement (E2M1 * 2^-14). The two codes land in the two halves of one 32-bit value
+    with one mask for magnitudes and one for signs, so the decode costs a few operations per pair."""
+    if 4 * P <= 9:
+        mag = (words << (9 - 4 * P)) & 0x0E000E00  # e1 e0 m -> bits 11..9 (and 27..25)
+    else:
+        mag = (words >> (4 * P - 9)) & 0x0E000E00
+    h = mag | ((words << (12 - 4 * P)) & 0x80008000)  # s -> bits 15 and 31
+    lo = (h & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    hi = (h >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def moe_bd_kernel(
+    a_ptr,  # as moe_gemm_kernel (NVFP4 weights only: the routed experts)
+    stride_at,
+    w_ptr,
+    stride_we,
+    stride_wn,
+    ws_ptr,
+    stride_wse,
+    stride_wsn,
+    wg_ptr,
+    out_ptr,
+    stride_ot,
+    sorted_rows_ptr,
+    expert_ids_ptr,
+    block_rows_ptr,
+    route_w_ptr,
+    num_tokens,
+    N,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    KS: tl.constexpr,
+    ROUTED: tl.constexpr,
+    NVFP4: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per block (decode: 1 to 4), a power of two up to 16
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STACK_GU: tl.constexpr = False,  # GEMM 1: gate and up rows in one dot of 2 * BLOCK_N rows
+):
+    """The decode form of moe_gemm_kernel on tensor cores (same blocks, same outputs).
+
+    A block of one to four rows is too thin for a dot (16 columns at least), and NVFP4's scale changes
+    every 16 columns of W. Both are met by one trick: the dot's columns are (scale block b of the K
+    step, row m), and the activation operand is block-diagonal: column (b, m) holds row m's activations
+    in block b's columns and zeros elsewhere. So dot(W codes, A) gives, per output row of W, one
+    partial sum per scale block, which the block's scale then multiplies in float32. The codes go to the
+    tensor cores as exact fp16 (E2M1 * 2^-14), decoded two per 32-bit operation; the activations as
+    fp16, a row scaled by a power of two where its values would overflow fp16.
+    """
+    tl.static_assert(ROUTED and NVFP4, "moe_bd_kernel: NVFP4 routed experts only")
+    KB: tl.constexpr = BLOCK_K // 16  # scale blocks per K step
+    # The dot's columns: (block b, row m) -> b * BLOCK_M + m, padded with empty blocks to 16 columns.
+    KBP: tl.constexpr = KB if KB * BLOCK_M >= 16 else 16 // BLOCK_M
+    C: tl.constexpr = KBP * BLOCK_M
+    W: tl.constexpr = BLOCK_K // 8  # uint32 words of codes per row and K step
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e, count, rows, a_rows = _block(
+        pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens, TOP_K, KS, ROUTED, GATED, BLOCK_M
+    )
+    if e < 0:
+        return
+    w_base, ws_base, g_gate, g_up = _expert_weights(
+        w_ptr, ws_ptr, wg_ptr, e, stride_we, stride_wse, NVFP4, GATED
+    )
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    # The rows of W a program reads: its BLOCK_N, or with STACK_GU its gate rows then its up rows (N + n),
+    # so that one dot per K step serves both halves of the SwiGLU.
+    STACKED: tl.constexpr = GATED and STACK_GU
+    ROWS: tl.constexpr = 2 * BLOCK_N if STACKED else BLOCK_N
+    offs_r = tl.arange(0, ROWS)
+    n_r = pid_n * BLOCK_N + offs_r % BLOCK_N
+    r_mask = n_r < N
+    w_row = n_r + (offs_r // BLOCK_N) * N
+    offs_j = tl.arange(0, W)
+    offs_c = tl.arange(0, C)
+    m_of_c = offs_c % BLOCK_M
+    c_valid = m_of_c < count
+    r_c = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + m_of_c, mask=c_valid, other=0).to(tl.int64)
+    a_row_c = (r_c // KS if GATED else r_c) * stride_at
+    # The dot's K index k = 2j + t is nibble P + 4t of word j (columns 8j + P + 4t of the K step): the
+    # order `_e2m1_pair_f16` yields them in. Word j lies in scale block j // 2.
+    offs_k = tl.arange(0, 2 * W)
+    col_k = 8 * (offs_k // 2) + 4 * (offs_k % 2)
+    a_mask = ((offs_k // 4)[:, None] == (offs_c // BLOCK_M)[None, :]) & c_valid[None, :]
+    a_ptrs = a_ptr + (a_row_c[None, :] + col_k[:, None])
+    r0 = tl.load(sorted_rows_ptr + pid_m * BLOCK_M).to(tl.int64)  # a used block's first row
+    a_row0 = (r0 // KS if GATED else r0) * stride_at
+    wp = w_base.to(tl.pointer_type(tl.uint32))
+    w_rows = wp + w_row[:, None] * (stride_wn // 4) + offs_j[None, :]
+    s_rows = ws_base + w_row[:, None] * stride_wsn + (offs_c // BLOCK_M)[None, :]
+    if KBP == KB:
+        s_mask = r_mask[:, None]  # a row's scales of the step are contiguous: one vector load
+    else:
+        s_mask = r_mask[:, None] & (offs_c // BLOCK_M < KB)[None, :]
+    in_block = (offs_k // 4)[:, None] == (offs_c // BLOCK_M)[None, :]
+    # fp16 holds |a| < 65504: a row whose largest |value| reaches 2^15 goes to the dot scaled down by a
+    # power of two (exact), and its sums are scaled back up in float32. Rows in range are left as they are.
+    if BLOCK_M == 1:
+        amax = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            amax = tl.maximum(
+                amax, tl.abs(tl.load(a_ptr + a_row0 + k0 + tl.arange(0, BLOCK_K)).to(tl.float32))
+            )
+        shift = tl.maximum(tl.ceil(tl.log2(tl.maximum(tl.max(amax, axis=0), 1.0))) - 15.0, 0.0)
+    else:
+        amax = tl.zeros([BLOCK_K, C], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(
+                a_ptr + a_row_c[None, :] + (k0 + tl.arange(0, BLOCK_K))[:, None],
+                mask=c_valid[None, :],
+                other=0.0,
+            )
+            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+        shift = tl.maximum(tl.ceil(tl.log2(tl.maximum(tl.max(amax, axis=0), 1.0))) - 15.0, 0.0)  # [C]
+    a_mult = tl.exp2(-shift)
+    acc = tl.zeros([ROWS, C], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, C], dtype=tl.float32)  # the up rows when not STACKED
+    for k0 in range(0, K, BLOCK_K):
+        g_words = tl.load(w_rows + k0 // 8, mask=r_mask[:, None], other=0)
+        g_scale = tl.load(s_rows + k0 // 16, mask=s_mask, other=0.0).to(tl.float32)
+        if GATED and not STACKED:
+            u_words = tl.load(w_rows + N * (stride_wn // 4) + k0 // 8, mask=n_mask[:, None], other=0)
+            u_scale = tl.load(s_rows + N * stride_wsn + k0 // 16, mask=s_mask, other=0.0).to(tl.float32)
+        pg = tl.zeros([ROWS, C], dtype=tl.float32)
+        pu = tl.zeros([BLOCK_N, C], dtype=tl.float32)
+        for P in tl.static_range(4):
+            if BLOCK_M == 1:  # one activation row: load its 2W columns once, place them by block
+                a = (tl.load(a_ptr + a_row0 + (k0 + P) + col_k).to(tl.float32) * a_mult).to(tl.float16)
+                a = tl.where(in_block, a[:, None], 0.0)
+            else:
+                a = tl.load(a_ptrs + (k0 + P), mask=a_mask, other=0.0).to(tl.float32)
+                a = (a * a_mult[None, :]).to(tl.float16)
+            lo, hi = _e2m1_pair_f16(g_words, P)
+            pg = tl.dot(tl.reshape(tl.join(lo, hi), (ROWS, 2 * W)), a, pg)
+            if GATED and not STACKED:
+                lo, hi = _e2m1_pair_f16(u_words, P)
+                pu = tl.dot(tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * W)), a, pu)
+        acc += pg * g_scale
+        if GATED and not STACKED:
+            acc_u += pu * u_scale
+    # Sum the blocks' partial sums: [BLOCK_N, KB, BLOCK_M] -> [BLOCK_N, BLOCK_M], times the global
+    # scale and 2^14 (the codes' fp16 placement).
+    if BLOCK_M == 1:
+        out_mult = tl.exp2(shift)
+    else:
+        out_mult = tl.exp2(shift)[None, :]
+    sums = tl.sum(tl.reshape(acc * out_mult, (ROWS, KBP, BLOCK_M)), axis=1)  # [ROWS, BLOCK_M]
+    offs_m = tl.arange(0, BLOCK_M)
+    if STACKED:
+        sums = sums * (tl.where(offs_r < BLOCK_N, g_gate, g_up) * 16384.0)[:, None]
+        gate, up = tl.split(tl.permute(tl.reshape(sums, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
+    else:
+        gate = sums * (g_gate * 16384.0)
+        if GATED:
+            up = tl.sum(tl.reshape(acc_u * out_mult, (BLOCK_N, KBP, BLOCK_M)), axis=1) * (g_up * 16384.0)
+    if GATED:
+        out = gate / (1.0 + tl.exp(-gate)) * up
+    else:
+        out = gate * tl.load(route_w_ptr + rows, mask=offs_m < count, other=0.0)[None, :]
+    tl.store(
+        out_ptr + rows[None, :] * stride_ot + offs_n[:, None],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(offs_m < count)[None, :] & n_mask[:, None],
+    )
