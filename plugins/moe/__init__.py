@@ -18,7 +18,9 @@ from .pack import PACKED_NAMES, WEIGHT_LAYOUT_VERSION, pack_weights  # noqa: F40
 SPEC = register(
     PluginSpec(
         name="expert_sink_moe",
-        version=1,
+        # 2: the tuned tile table may name the "bd" decode kernel (and "stack_gu"), which version 1 would
+        # run as the tensor-core GEMM with a 1-row block
+        version=2,
         weight_layout_version=WEIGHT_LAYOUT_VERSION,
         doc="expert-sink MoE, NVFP4 W4A16 grouped GEMMs (§3.3, §9)",
     )
