@@ -194,6 +194,7 @@ def moe_bd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STACK_GU: tl.constexpr = False,  # GEMM 1: gate and up rows in one dot of 2 * BLOCK_N rows
+    K_MAJOR_A: tl.constexpr = False,  # 1-row blocks: build the activation operand as [C, 2W], then transpose
 ):
     """The decode form of moe_gemm_kernel on tensor cores (same blocks, same outputs).
 
@@ -286,7 +287,10 @@ def moe_bd_kernel(
         for P in tl.static_range(4):
             if BLOCK_M == 1:  # one activation row: load its 2W columns once, place them by block
                 a = (tl.load(a_ptr + a_row0 + (k0 + P) + col_k).to(tl.float32) * a_mult).to(tl.float16)
-                a = tl.where(in_block, a[:, None], 0.0)
+                if K_MAJOR_A:  # the loads come out K-contiguous (vectorized) this way
+                    a = tl.trans(tl.where(tl.trans(in_block), a[None, :], 0.0))
+                else:
+                    a = tl.where(in_block, a[:, None], 0.0)
             else:
                 a = tl.load(a_ptrs + (k0 + P), mask=a_mask, other=0.0).to(tl.float32)
                 a = (a * a_mult[None, :]).to(tl.float16)

@@ -102,7 +102,12 @@ def _gemm(
     if kernel == "gemv":
         decode_kernels.moe_gemv_kernel[grid](*args, **tiles)
     elif kernel == "bd":
-        decode_kernels.moe_bd_kernel[grid](*args, STACK_GU=bool(cfg.get("stack_gu", False)), **tiles)
+        decode_kernels.moe_bd_kernel[grid](
+            *args,
+            STACK_GU=bool(cfg.get("stack_gu", False)),
+            K_MAJOR_A=bool(cfg.get("k_major_a", False)),
+            **tiles,
+        )
     else:
         kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, **tiles)
 
@@ -289,12 +294,14 @@ def _candidates(T: int) -> list[dict]:
                 out.append({"block_m": m, "kernel": "gemv", "shared": shared, "gemm1": g, "gemm2": dict(g)})
         # the block-diagonal decode kernel on tensor cores (block_k // 16 * block_m >= 16 fills its dot)
         # (four stages or block_k 512 need more than the 227 KB of shared memory); `stack_gu`: GEMM 1's
-        # gate and up rows in one dot per step (half the dots and wgmma waits; not yet timed on the GPU)
-        for m, n, k, warps, stages, stack in [
-            (1, 64, 256, 4, 2, False), (1, 64, 256, 4, 3, False), (1, 64, 256, 8, 3, False),
-            (2, 64, 128, 4, 3, False), (1, 64, 256, 4, 3, True), (1, 32, 256, 4, 3, True),
+        # gate and up rows in one dot per step (half the dots and wgmma waits); `k_major_a`: the 1-row
+        # activation operand built K-contiguous (fewer instructions in the SASS); both not yet timed on the GPU
+        for m, n, k, warps, stages, stack, kmaj in [
+            (1, 64, 256, 4, 2, False, False), (1, 64, 256, 4, 3, False, False), (1, 64, 256, 8, 3, False, False),
+            (2, 64, 128, 4, 3, False, False), (1, 64, 256, 4, 3, True, False), (1, 32, 256, 4, 3, True, False),
+            (1, 64, 256, 4, 3, False, True), (1, 64, 256, 4, 3, True, True),
         ]:  # fmt: skip
-            g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
+            g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages, "k_major_a": kmaj}
             for shared in ("triton", "torch"):
                 out.append({"block_m": m, "kernel": "bd", "shared": shared,
                             "gemm1": {**g, "stack_gu": stack}, "gemm2": dict(g)})  # fmt: skip
