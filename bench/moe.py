@@ -24,6 +24,7 @@ import triton
 import triton.testing
 
 import plugins  # noqa: F401  (registers the ops)
+from inkling import ops
 from plugins.moe import PACKED_NAMES
 from plugins.moe import launcher as moe_launcher
 from plugins.nvfp4 import dequantize_nvfp4, random_nvfp4
@@ -109,15 +110,26 @@ def bound_us(T, n_experts):
     return max(bytes_ / MEM_BW, flops / TC_RATE) * 1e6, bytes_, flops
 
 
+def op_args(layer, T: int, seed: int | None = None) -> tuple:
+    """expert_sink_moe's arguments (without config) for `layer` (make_layer's) and T random tokens."""
+    packed, router, sw13, sw2 = layer
+    g = None if seed is None else torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(T, H, device=DEV, dtype=torch.bfloat16, generator=g)
+    return (x, router, *[packed[n] for n in PACKED_NAMES], sw13, sw2, E, TOP_K)
+
+
+def experts_touched(x, router) -> int:
+    """The distinct routed experts x's tokens pick."""
+    _, idx, _ = ops.route(x, router, E, TOP_K)
+    return int(torch.unique(idx).numel())
+
+
 def moe_section(out_dir, tokens=TOKENS):
-    packed, router, sw13, sw2 = make_layer()
-    pk = [packed[n] for n in PACKED_NAMES]
+    layer = make_layer()
+    packed, router, sw13, sw2 = layer
 
     def inputs(T, seed=1):
-        x = torch.randn(
-            T, H, device=DEV, dtype=torch.bfloat16, generator=torch.Generator(device=DEV).manual_seed(seed)
-        )
-        return (x, router, *pk, sw13, sw2, E, TOP_K)
+        return op_args(layer, T, seed)
 
     t0 = time.time()
     # tune the buckets up to the one the largest measured T falls in (all four by default)
@@ -149,8 +161,7 @@ def moe_section(out_dir, tokens=TOKENS):
         except Exception as exc:  # noqa: BLE001
             log(f"  bf16 peer failed: {type(exc).__name__}: {str(exc)[:200]}")
             peer, err_peer = None, float("nan")
-        _, idx, _ = __import__("inkling.ops", fromlist=["route"]).route(x, router, E, TOP_K)
-        n_exp = int(torch.unique(idx).numel())
+        n_exp = experts_touched(x, router)
         b_us, b_bytes, flops = bound_us(T, n_exp)
         t_tri, mode = bench(tri)
         t_peer, peer_mode = bench(peer) if peer else (float("nan"), "-")
@@ -329,9 +340,7 @@ def write_md(moe_rows, sconv_rows, path):
 def launch_only(T: int) -> None:
     """The op at T tokens in the default tensor-core config and in the GEMV one, three calls each after a
     warm-up, for a profiler to capture (`ncu --kernel-name regex:moe_ ...`; bench/gpu_session.sh moe-ncu)."""
-    packed, router, sw13, sw2 = make_layer()
-    x = torch.randn(T, H, device=DEV, dtype=torch.bfloat16)
-    args = (x, router, *[packed[n] for n in PACKED_NAMES], sw13, sw2, E, TOP_K)
+    args = op_args(make_layer(), T)
     gemv = {"block_m": 1, "kernel": "gemv", "shared": "triton",
             "gemm1": {"block_n": 32, "block_k": 512, "num_warps": 4, "num_stages": 2},
             "gemm2": {"block_n": 32, "block_k": 512, "num_warps": 4, "num_stages": 2}}  # fmt: skip
@@ -348,16 +357,12 @@ def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
     """Every decode candidate of tune() (routed kernel mma, gemv or bd; shared experts on the Triton
     path) at T tokens: the whole op's error against the reference, and its routed GEMMs timed alone
     (CUDA-graph replays) against their bytes over the bandwidth. Writes decode_kernels.json."""
-    packed, router, sw13, sw2 = make_layer()
+    layer = make_layer()
     rows = []
     for T in tokens:
-        x = torch.randn(
-            T, H, device=DEV, dtype=torch.bfloat16, generator=torch.Generator(device=DEV).manual_seed(T)
-        )
-        args = (x, router, *[packed[n] for n in PACKED_NAMES], sw13, sw2, E, TOP_K)
+        args = op_args(layer, T, seed=T)
         want = torch.ops.inkling.expert_sink_moe(*args, "", "reference").float()
-        _, idx, _ = __import__("inkling.ops", fromlist=["route"]).route(x, router, E, TOP_K)
-        n_exp = int(torch.unique(idx).numel())
+        n_exp = experts_touched(args[0], args[1])
         for cfg in [c for c in moe_launcher._candidates(T) if c.get("shared", "triton") == "triton"]:
             try:
                 y = moe_launcher.expert_sink_moe(*args, config=cfg).float()

@@ -242,7 +242,8 @@ def moe_bd_kernel(
     # order `_e2m1_pair_f16` yields them in. Word j lies in scale block j // 2.
     offs_k = tl.arange(0, 2 * W)
     col_k = 8 * (offs_k // 2) + 4 * (offs_k % 2)
-    a_mask = ((offs_k // 4)[:, None] == (offs_c // BLOCK_M)[None, :]) & c_valid[None, :]
+    in_block = (offs_k // 4)[:, None] == (offs_c // BLOCK_M)[None, :]  # [2W, C]: k in column c's block
+    a_mask = in_block & c_valid[None, :]
     a_ptrs = a_ptr + (a_row_c[None, :] + col_k[:, None])
     r0 = tl.load(sorted_rows_ptr + pid_m * BLOCK_M).to(tl.int64)  # a used block's first row
     a_row0 = (r0 // KS if GATED else r0) * stride_at
@@ -253,7 +254,6 @@ def moe_bd_kernel(
         s_mask = r_mask[:, None]  # a row's scales of the step are contiguous: one vector load
     else:
         s_mask = r_mask[:, None] & (offs_c // BLOCK_M < KB)[None, :]
-    in_block = (offs_k // 4)[:, None] == (offs_c // BLOCK_M)[None, :]
     # fp16 holds |a| < 65504: a row whose largest |value| reaches 2^15 goes to the dot scaled down by a
     # power of two (exact), and its sums are scaled back up in float32. Rows in range are left as they are.
     if BLOCK_M == 1:
