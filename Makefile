@@ -78,7 +78,7 @@ serve: $(STAMP)
 # The end-to-end workload (8K in / 1K out) on inkling-bench, synthesized and built in GPU memory:
 # `make GPU=1 bench` on the GPU host; BENCH_ARGS= to change shapes (e.g. the CPU smoke shape of
 # tests/e2e/test_bench_smoke.py).
-BENCH_ARGS ?= --preset inkling-bench --device cuda
+BENCH_ARGS ?= --preset inkling-bench --device cuda --cuda_graphs --compile
 bench: $(STAMP)
 	$(PY) -m bench.e2e $(BENCH_ARGS) --out build/bench-e2e
 

@@ -4,6 +4,7 @@
 #     bash bench/gpu_session.sh graphs      # 1 GPU: CUDA-graph engine tests (bf16), engine vs reference
 #     bash bench/gpu_session.sh mtp         # 1 GPU: bench.mtp with CUDA graphs
 #     bash bench/gpu_session.sh e2e         # 1 GPU: bench.e2e on inkling-bench with CUDA graphs, batches 1..64
+#     bash bench/gpu_session.sh e2e-compiled # 1 GPU: the same, compiled (Inductor), batches 1..64, no reference peers
 #     bash bench/gpu_session.sh e2e-mtp     # 1 GPU: the same with 3 MTP drafts per step (random heads)
 #     bash bench/gpu_session.sh attn-e2e    # 1 GPU: attention/MoE variant tests and times, e2e batches 1 and 64
 #                                           #   (this and the last two return one tarball)
@@ -13,15 +14,17 @@
 #     bash bench/gpu_session.sh tp-tests    # 2 GPUs: the tensor-parallel tests only
 #     bash bench/gpu_session.sh x2          # 2 GPUs: tp-tests, then bench.tp tp 2 (Lamport); beside them on
 #                                           #   GPU 1: the attention GPU sweeps, the sampling test, bench.load
-#     bash bench/gpu_session.sh serving     # 1 GPU: e2e with MTP at batch 1, then Triton vs in-process
+#     bash bench/gpu_session.sh serving     # 1 GPU: e2e batches 1 and 8 (compiled), then Triton vs in-process
 #     bash bench/gpu_session.sh mtp-moe     # 1 GPU: bench.mtp, the MoE per-launch times, e2e with MTP at batch 1;
 #                                           #   beside them the moved-program test (tp ranks' device move)
 #     bash bench/gpu_session.sh tp-moe      # 2 GPUs: tp-tests, then bench.tp tp 2; beside them on GPU 1 (done
 #                                           #   before tp 2 needs it) the MoE GEMV GPU tests, bench/moe.py, e2e batch 1
 #     bash bench/gpu_session.sh moe-ncu     # 1 GPU: Nsight Compute on the MoE kernels at T = 1 (tensor cores, GEMV)
 #                                           #   (needs the .carry/ wheels, see BENCHMARKS "Serving on the GPU")
+#     bash bench/gpu_session.sh compile     # 1 GPU: e2e batches 1 and 8 as the runtime runs it, then with the step
+#                                           #   program torch.compile'd (Inductor fuses the small ops), profiled
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
-#                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8 (one tarball)
+#                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8, compiled
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
 # with torch and Triton: the project runs from this checkout on PYTHONPATH, never from a fresh venv.
@@ -78,6 +81,10 @@ e2e)
         --batches 1,8,32,64 --decode_budget_s 40 --profile_batch 1 --reference_peers eager \
         --reference_timeout_s 90 --out "$OUT/e2e"
     ;;
+e2e-compiled)
+    run e2e 400 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
+        --batches 1,8,32,64 --decode_budget_s 12 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
+    ;;
 e2e-mtp)
     run e2e_mtp 500 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --num_draft_tokens 3 \
         --output_len 512 --batches 1,8 --decode_budget_s 40 --reference_peers "" --out "$OUT/e2e-mtp"
@@ -131,8 +138,8 @@ x2)
     pack x2
     ;;
 serving)
-    run e2e_mtp 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --num_draft_tokens 3 \
-        --output_len 512 --batches 1 --decode_budget_s 30 --reference_peers "" --out "$OUT/e2e-mtp"
+    run e2e 220 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
+        --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
     # tritonserver and the stubs' wheels from .carry/ (pytriton's server, NumPy 1 for the stubs, tritonclient)
     mkdir -p /tmp/site && tar xJf .carry/pytriton.tar.xz -C /tmp/site &&
         python3 -m pip install -q --no-deps --no-index --target /tmp/site .carry/tritonclient-*.whl \
@@ -174,14 +181,22 @@ moe-ncu)
 moe-decode)
     # Session 8's measurement, repeated for new decode candidates (stack_gu): correctness of every
     # candidate at inkling-bench shapes, their routed GEMMs timed alone, then the e2e with the tuned table.
-    run moe_test 200 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "decode_kernels or cuda_graph or float32"
-    run moe_decode 200 python3 bench/moe.py --decode-kernels 1,8 --out "$OUT/moe"
-    run e2e 180 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
-        --batches 1,8 --decode_budget_s 20 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
+    run moe_test 160 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "decode_kernels or cuda_graph or float32"
+    run moe_decode 170 python3 bench/moe.py --decode-kernels 1,8 --out "$OUT/moe"
+    run e2e 230 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
+        --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
     pack moe-decode
     ;;
+compile)
+    run e2e 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
+        --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
+    run e2e_compile 370 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile \
+        --output_len 512 --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" \
+        --out "$OUT/e2e-compile"
+    pack compile
+    ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled}" >&2
     exit 2
     ;;
 esac

@@ -166,6 +166,20 @@ def _e2m1_pair_f16(words, P: tl.constexpr):
 
 
 @triton.jit
+def _e2m1_k_step_f16(words, ROWS: tl.constexpr, W: tl.constexpr):
+    """A K step's codes [ROWS, W] uint32 as the fp16 operand [ROWS, 8W] of ONE_DOT's K order: the four
+    `_e2m1_pair_f16` pieces side by side, piece P at columns 2PW .. 2(P+1)W - 1."""
+    lo0, hi0 = _e2m1_pair_f16(words, 0)
+    lo1, hi1 = _e2m1_pair_f16(words, 1)
+    lo2, hi2 = _e2m1_pair_f16(words, 2)
+    lo3, hi3 = _e2m1_pair_f16(words, 3)
+    p0 = tl.join(tl.join(lo0, hi0), tl.join(lo1, hi1))  # [ROWS, W, 2(t), 2(P)]
+    p1 = tl.join(tl.join(lo2, hi2), tl.join(lo3, hi3))
+    x = tl.join(p0, p1)  # [ROWS, W, t, P % 2, P // 2]
+    return tl.reshape(tl.permute(x, (0, 4, 3, 1, 2)), (ROWS, 8 * W))
+
+
+@triton.jit
 def moe_bd_kernel(
     a_ptr,  # as moe_gemm_kernel (NVFP4 weights only: the routed experts)
     stride_at,
@@ -195,6 +209,7 @@ def moe_bd_kernel(
     BLOCK_K: tl.constexpr,
     STACK_GU: tl.constexpr = False,  # GEMM 1: gate and up rows in one dot of 2 * BLOCK_N rows
     K_MAJOR_A: tl.constexpr = False,  # 1-row blocks: build the activation operand as [C, 2W], then transpose
+    ONE_DOT: tl.constexpr = False,  # the four nibble pieces of a K step in one dot of K = BLOCK_K
 ):
     """The decode form of moe_gemm_kernel on tensor cores (same blocks, same outputs).
 
@@ -245,6 +260,13 @@ def moe_bd_kernel(
     in_block = (offs_k // 4)[:, None] == (offs_c // BLOCK_M)[None, :]  # [2W, C]: k in column c's block
     a_mask = in_block & c_valid[None, :]
     a_ptrs = a_ptr + (a_row_c[None, :] + col_k[:, None])
+    # ONE_DOT's K order: k = (P * W + j) * 2 + t is column 8j + P + 4t; word j lies in scale block j // 2.
+    offs_k8 = tl.arange(0, 8 * W)
+    j8 = (offs_k8 // 2) % W
+    col8 = 8 * j8 + (offs_k8 // (2 * W)) + 4 * (offs_k8 % 2)
+    in_block8 = (j8 // 2)[:, None] == (offs_c // BLOCK_M)[None, :]  # [8W, C]
+    a_mask8 = in_block8 & c_valid[None, :]
+    a_ptrs8 = a_ptr + (a_row_c[None, :] + col8[:, None])
     r0 = tl.load(sorted_rows_ptr + pid_m * BLOCK_M).to(tl.int64)  # a used block's first row
     a_row0 = (r0 // KS if GATED else r0) * stride_at
     wp = w_base.to(tl.pointer_type(tl.uint32))
@@ -282,9 +304,22 @@ def moe_bd_kernel(
         if GATED and not STACKED:
             u_words = tl.load(w_rows + N * (stride_wn // 4) + k0 // 8, mask=n_mask[:, None], other=0)
             u_scale = tl.load(s_rows + N * stride_wsn + k0 // 16, mask=s_mask, other=0.0).to(tl.float32)
-        pg = tl.zeros([ROWS, C], dtype=tl.float32)
-        pu = tl.zeros([BLOCK_N, C], dtype=tl.float32)
-        for P in tl.static_range(4):
+        if ONE_DOT:
+            # k = (P * W + j) * 2 + t: piece P's pairs side by side along K, so one operand build, one
+            # barrier and one wgmma wait per K step instead of four.
+            if BLOCK_M == 1:
+                a = (tl.load(a_ptr + a_row0 + k0 + col8).to(tl.float32) * a_mult).to(tl.float16)
+                a = tl.trans(tl.where(tl.trans(in_block8), a[None, :], 0.0))
+            else:
+                a = tl.load(a_ptrs8 + k0, mask=a_mask8, other=0.0).to(tl.float32)
+                a = (a * a_mult[None, :]).to(tl.float16)
+            pg = tl.dot(_e2m1_k_step_f16(g_words, ROWS, W), a)
+            if GATED and not STACKED:
+                pu = tl.dot(_e2m1_k_step_f16(u_words, BLOCK_N, W), a)
+        else:
+            pg = tl.zeros([ROWS, C], dtype=tl.float32)
+            pu = tl.zeros([BLOCK_N, C], dtype=tl.float32)
+        for P in tl.static_range(0 if ONE_DOT else 4):
             if BLOCK_M == 1:  # one activation row: load its 2W columns once, place them by block
                 a = (tl.load(a_ptr + a_row0 + (k0 + P) + col_k).to(tl.float32) * a_mult).to(tl.float16)
                 if K_MAJOR_A:  # the loads come out K-contiguous (vectorized) this way

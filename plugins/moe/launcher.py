@@ -29,8 +29,9 @@ DEFAULT_TABLE: dict = {
     "version": 1,
     "buckets": [
         {"max_tokens": 16, "block_m": 1, "kernel": "bd",
-         "gemm1": {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3},
-         "gemm2": {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3}},
+         "gemm1": {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3, "stack_gu": True,
+                   "one_dot": True},
+         "gemm2": {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3, "k_major_a": True}},
         {"max_tokens": 128, "block_m": 16,
          "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
          "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}},
@@ -106,6 +107,7 @@ def _gemm(
             *args,
             STACK_GU=bool(cfg.get("stack_gu", False)),
             K_MAJOR_A=bool(cfg.get("k_major_a", False)),
+            ONE_DOT=bool(cfg.get("one_dot", False)),
             **tiles,
         )
     else:
@@ -182,7 +184,8 @@ def launches(
         counts.zero_()
         kernels.route_kernel[(T,)](
             logits, logits.stride(0), topk_ids, rank, counts, route_w, E,
-            TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), num_warps=1 if E + S <= 512 else 4,
+            TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), TOP_K_P2=triton.next_power_of_2(top_k),
+            num_warps=1 if E + S <= 512 else 4,
         )  # fmt: skip
         kernels.align_kernel[(entry_programs + triton.cdiv(num_blocks, chunk),)](
             topk_ids, rank, counts, sorted_rows, expert_ids, block_rows,
@@ -292,29 +295,39 @@ def _candidates(T: int) -> list[dict]:
             g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
             for shared in ("triton", "torch"):
                 out.append({"block_m": m, "kernel": "gemv", "shared": shared, "gemm1": g, "gemm2": dict(g)})
-        # the block-diagonal decode kernel on tensor cores (block_k // 16 * block_m >= 16 fills its dot)
-        # (four stages or block_k 512 need more than the 227 KB of shared memory); `stack_gu`: GEMM 1's
-        # gate and up rows in one dot per step (half the dots and wgmma waits); `k_major_a`: the 1-row
-        # activation operand built K-contiguous (fewer instructions in the SASS); both not yet timed on the GPU
-        for m, n, k, warps, stages, stack, kmaj in [
-            (1, 64, 256, 4, 2, False, False), (1, 64, 256, 4, 3, False, False), (1, 64, 256, 8, 3, False, False),
-            (2, 64, 128, 4, 3, False, False), (1, 64, 256, 4, 3, True, False), (1, 32, 256, 4, 3, True, False),
-            (1, 64, 256, 4, 3, False, True), (1, 64, 256, 4, 3, True, True),
-        ]:  # fmt: skip
-            g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages, "k_major_a": kmaj}
+        # the block-diagonal decode kernel on tensor cores (block_k // 16 * block_m >= 16 fills its dot);
+        # `stack_gu`: GEMM 1's gate and up rows in one dot per step; `k_major_a`: the 1-row activation
+        # operand built K-contiguous; `one_dot`: the step's four nibble pieces in one dot (one operand
+        # build, barrier and wgmma wait per step). H200, inkling-bench, routed GEMMs alone (2026-11-30,
+        # bench/moe.py --decode-kernels): T = 1 GEMM 1 plain 71.8 us, stack_gu + k_major_a 63.3,
+        # stack_gu + one_dot 54.3; GEMM 2 plain 43.7, k_major_a 38.1, one_dot 41.6. Also measured and
+        # dropped: 8 warps, 2 stages, block_n 32, 2-row blocks (all slower at T = 1 and 8).
+        tile = {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3}
+        plain, kmaj, one = {}, {"k_major_a": True}, {"one_dot": True}
+        stack = {"stack_gu": True}
+        for g1, g2 in [
+            (plain, plain),
+            ({**stack, **kmaj}, kmaj),
+            ({**stack, **one}, kmaj),
+            ({**stack, **one}, one),
+        ]:
             for shared in ("triton", "torch"):
-                out.append({"block_m": m, "kernel": "bd", "shared": shared,
-                            "gemm1": {**g, "stack_gu": stack}, "gemm2": dict(g)})  # fmt: skip
+                out.append({"block_m": 1, "kernel": "bd", "shared": shared,
+                            "gemm1": {**tile, **g1}, "gemm2": {**tile, **g2}})  # fmt: skip
     return out
 
 
 def tune(
-    make_inputs, token_buckets=(16, 128, 1024, 1 << 30), sample_tokens=(1, 64, 512, 4096), log=print
+    make_inputs,
+    token_buckets=(1, 16, 128, 1024, 1 << 30),
+    sample_tokens=(1, 8, 64, 512, 4096),
+    log=print,
 ) -> dict:
     """Time the candidate configs on the GPU and return a table for select_config (JSON-able).
 
     make_inputs(T) -> the positional arguments of expert_sink_moe (without config) for T tokens.
-    Each bucket is tuned at its sample T; gemm1 and gemm2 keep the same tiles (one block_m).
+    Each bucket is tuned at its sample T (batch-1 decode has its own: at T = 8 another kernel may win, and
+    the 2026-11-30 e2e at batch 8 was 30% slower with T = 1's pick). Candidates fix both GEMMs' tiles.
     """
     table = {"version": 1, "buckets": []}
     for max_tokens, T in zip(token_buckets, sample_tokens):

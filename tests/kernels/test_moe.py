@@ -193,26 +193,30 @@ def test_triton_gemv_matches_reference(T, shared, block_m):
 
 
 @pytest.mark.parametrize(
-    "T, block_m, block_k, scale, stack, k_major",
+    "T, block_m, block_k, scale, stack, k_major, one_dot",
     [
-        (1, 1, 256, 2.0**17, False, False),
-        (2, 1, 256, 1.0, True, True),
-        (9, 2, 128, 1.0, True, False),
-        (3, 4, 64, 2.0**17, False, False),
+        (1, 1, 256, 2.0**17, False, False, False),
+        (2, 1, 256, 1.0, True, True, False),
+        (9, 2, 128, 1.0, True, False, False),
+        (3, 4, 64, 2.0**17, False, False, False),
+        (1, 1, 256, 2.0**17, True, False, True),
+        (9, 2, 128, 1.0, False, False, True),
     ],
 )
-def test_triton_bd_matches_reference(T, block_m, block_k, scale, stack, k_major):
+def test_triton_bd_matches_reference(T, block_m, block_k, scale, stack, k_major, one_dot):
     """The block-diagonal decode kernel on tensor cores: one to four rows a block, the dot's columns padded
     when K or the step is short (GEMM 2 reduces over I = 64 here). It hands the tensor cores fp16
     activations, so x holds fp16 values and only h's rounding to fp16 (GEMM 2's input) and float32
     summation orders remain: a misplaced nibble, scale block or row is off by the whole output. The op
     itself runs a float32 network on the GEMV instead. At scale 2^17 every activation (and h) exceeds fp16's
     range, which the kernel's power-of-two row scaling must absorb. `stack`: GEMM 1's gate and up rows in
-    one dot; `k_major`: the 1-row activation operand built K-contiguous."""
+    one dot; `k_major`: the 1-row activation operand built K-contiguous; `one_dot`: a K step's four nibble
+    pieces in one dot (its own K order)."""
     c = TINY
     router, packed, sw13, sw2 = _layer(c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=20 + T)
     x = torch.randn(T, c["H"], generator=torch.Generator().manual_seed(T)).half().float().to(DEVICE) * scale
-    g = {"block_n": 16, "block_k": block_k, "num_warps": 4, "num_stages": 2, "k_major_a": k_major}
+    g = {"block_n": 16, "block_k": block_k, "num_warps": 4, "num_stages": 2, "k_major_a": k_major,
+         "one_dot": one_dot}  # fmt: skip
     cfg = {"block_m": block_m, "kernel": "bd", "gemm1": {**g, "stack_gu": stack}, "gemm2": dict(g)}
     args = _args(x, router, packed, sw13, sw2, c["E"], c["top_k"])
     y = moe_launcher.expert_sink_moe(*args[:-1], config=cfg)
