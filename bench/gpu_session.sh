@@ -15,6 +15,7 @@
 #     bash bench/gpu_session.sh x2          # 2 GPUs: tp-tests, then bench.tp tp 2 (Lamport); beside them on
 #                                           #   GPU 1: the attention GPU sweeps, the sampling test, bench.load
 #     bash bench/gpu_session.sh serving     # 1 GPU: e2e batches 1 and 8 (compiled), then Triton vs in-process
+#     bash bench/gpu_session.sh serving-quick # 1 GPU: Triton vs in-process only (untuned tiny engine)
 #     bash bench/gpu_session.sh mtp-moe     # 1 GPU: bench.mtp, the MoE per-launch times, e2e with MTP at batch 1;
 #                                           #   beside them the moved-program test (tp ranks' device move)
 #     bash bench/gpu_session.sh tp-moe      # 2 GPUs: tp-tests, then bench.tp tp 2; beside them on GPU 1 (done
@@ -150,6 +151,16 @@ serving)
         --server-log "$OUT/tritonserver.log"
     pack serving
     ;;
+serving-quick)
+    # Triton vs in-process only, on an untuned tiny engine (about two minutes)
+    mkdir -p /tmp/site && tar xJf .carry/pytriton.tar.xz -C /tmp/site &&
+        python3 -m pip install -q --no-deps --no-index --target /tmp/site .carry/tritonclient-*.whl \
+            .carry/python_rapidjson-*.whl >"$OUT/site.log" 2>&1
+    tiny_engine /tmp/engine-cuda --tune false
+    PYTHONPATH=/tmp/site:$PWD PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.carry run serving 110 python3 -m bench.serving \
+        --engine /tmp/engine-cuda --max-tokens 64 --requests 1 8 16 32 --threads 4 --out "$OUT/serving.md" \
+        --server-log "$OUT/tritonserver.log"
+    ;;
 mtp-moe)
     run moved 120 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k moved_program &
     run mtp 320 python3 -m bench.mtp --device cuda --cuda_graphs --out "$OUT/mtp"
@@ -196,7 +207,7 @@ compile)
     pack compile
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick}" >&2
     exit 2
     ;;
 esac

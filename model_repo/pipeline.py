@@ -8,9 +8,10 @@ into one response (`stream` false, and always in `ensemble_unary`, the non-decou
 HTTP/gRPC unary calls and the `generate` endpoint need). Each request is served on its own worker
 thread, so one instance carries any number of concurrent streams; `inkling` batches them.
 
-A stream's relay merges the deltas that arrived while it was sending (`_relay`), and its cost is on
-Triton's /metrics: `inkling_relay_responses_total` and `inkling_relay_seconds_total` (wall time from a
-response's first delta arriving from `inkling` to its send, by model).
+A stream's relay forwards inkling's response tensors as they are, merges the deltas that arrived while
+it was sending (`_relay`), and its cost is on Triton's /metrics: `inkling_relay_responses_total` and
+`inkling_relay_seconds_total` (wall time from a response's first delta arriving from `inkling` to its
+send, by model; published in batches).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ OUTPUTS = (
     "acceptance_rate",
 )
 CANCEL_CHECK_S = 0.05
+METRICS_PERIOD_S = 0.25
 
 
 class StepError(Exception):
@@ -115,6 +117,7 @@ class PipelineModel:
         )
         self.relayed, self.relay_s = (family.Metric(labels=labels) for family in self.metric_families)
         self.metrics_lock = threading.Lock()  # the backend's metric calls are not thread-safe (it crashed)
+        self.pending_relayed, self.pending_relay_s, self.metrics_due = 0, 0.0, 0.0
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -217,7 +220,7 @@ class PipelineModel:
                     batch.append(inbox.get_nowait())
                 except queue.Empty:
                     break
-            merged, arrived = None, None
+            got, arrived = [], None
             for item in batch:
                 if item is None:
                     ended = True
@@ -227,28 +230,44 @@ class PipelineModel:
                     raise r
                 if r.has_error():
                     raise StepError(r.error().message(), r.error().code())
-                if not r.output_tensors():
-                    continue  # a bare final flag
-                d = Delta.from_response(r)
-                merged, arrived = (d, t) if merged is None else (merged.merge(d), arrived)
+                if r.output_tensors():  # else a bare final flag
+                    got.append(r)
+                    arrived = arrived or t
             if not cancelled and time.monotonic() - checked_at >= CANCEL_CHECK_S:
                 checked_at = time.monotonic()
                 if sender.is_cancelled():
                     cancelled = True
                     _abort(rid)
-            if merged is None or cancelled:
+            if not got or cancelled:
                 continue
-            final = bool(merged.finish_reason)
-            sender.send(merged.response(), flags=FINAL if final else 0)
-            self._count_relay(arrived)
+            if len(got) == 1:  # the usual case: inkling's tensors go on as they are (no NumPy round trip)
+                response = pb_utils.InferenceResponse(output_tensors=got[0].output_tensors())
+                final = bool(_str(pb_utils.get_output_tensor_by_name(got[0], "finish_reason").as_numpy()))
+            else:
+                merged = Delta.from_response(got[0])
+                for r in got[1:]:
+                    merged = merged.merge(Delta.from_response(r))
+                response, final = merged.response(), bool(merged.finish_reason)
+            sender.send(response, flags=FINAL if final else 0)
+            self._count_relay(arrived, flush=final)
             if final:
                 return
+        self._count_relay(None, flush=True)
         sender.send(flags=FINAL)  # cancelled, or the stream ended without a final delta
 
-    def _count_relay(self, arrived: float) -> None:
+    def _count_relay(self, arrived: float | None, flush: bool) -> None:
+        """Count a relayed response. The counters reach Triton's metrics in batches: at a stream's end and
+        at most every METRICS_PERIOD_S otherwise, since each metric call is a round trip to the server
+        process (two per response had cost as much as the relay's own send)."""
         with self.metrics_lock:
-            self.relayed.increment(1)
-            self.relay_s.increment(time.monotonic() - arrived)
+            if arrived is not None:
+                self.pending_relayed += 1
+                self.pending_relay_s += time.monotonic() - arrived
+            if self.pending_relayed and (flush or time.monotonic() >= self.metrics_due):
+                self.relayed.increment(self.pending_relayed)
+                self.relay_s.increment(self.pending_relay_s)
+                self.pending_relayed, self.pending_relay_s = 0, 0.0
+                self.metrics_due = time.monotonic() + METRICS_PERIOD_S
 
 
 def _call(model: str, inputs: list, outputs: list[str]) -> dict[str, np.ndarray]:
