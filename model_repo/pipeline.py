@@ -232,7 +232,8 @@ class PipelineModel:
                     raise StepError(r.error().message(), r.error().code())
                 if r.output_tensors():  # else a bare final flag
                     got.append(r)
-                    arrived = arrived or t
+                    if arrived is None:
+                        arrived = t
             if not cancelled and time.monotonic() - checked_at >= CANCEL_CHECK_S:
                 checked_at = time.monotonic()
                 if sender.is_cancelled():

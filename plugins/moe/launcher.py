@@ -326,8 +326,8 @@ def tune(
     """Time the candidate configs on the GPU and return a table for select_config (JSON-able).
 
     make_inputs(T) -> the positional arguments of expert_sink_moe (without config) for T tokens.
-    Each bucket is tuned at its sample T (batch-1 decode has its own: at T = 8 another kernel may win, and
-    the 2026-11-30 e2e at batch 8 was 30% slower with T = 1's pick). Candidates fix both GEMMs' tiles.
+    Each bucket is tuned at its sample T; batch-1 decode has a bucket of its own, since at T = 8 another
+    candidate may win. Candidates fix both GEMMs' tiles.
     """
     table = {"version": 1, "buckets": []}
     for max_tokens, T in zip(token_buckets, sample_tokens):
