@@ -69,6 +69,19 @@ tp_tests_then_bench() {  # tp_tests_then_bench TESTS_LIMIT BENCH_LIMIT: the tp 2
         --collectives triton --work /tmp/tp --out "$OUT/tp" "${overlap[@]}"
 }
 
+serving_bench() {  # serving_bench LIMIT [builder flags...]: bench.serving on a tiny CUDA engine, Triton vs in-process
+    local limit=$1
+    shift
+    # tritonserver and the stubs' wheels from .carry/ (pytriton's server, NumPy 1 for the stubs, tritonclient)
+    mkdir -p /tmp/site && tar xJf .carry/pytriton.tar.xz -C /tmp/site &&
+        python3 -m pip install -q --no-deps --no-index --target /tmp/site .carry/tritonclient-*.whl \
+            .carry/python_rapidjson-*.whl >"$OUT/site.log" 2>&1
+    tiny_engine /tmp/engine-cuda "$@"
+    PYTHONPATH=/tmp/site:$PWD PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.carry run serving "$limit" python3 -m bench.serving \
+        --engine /tmp/engine-cuda --max-tokens 64 --requests 1 8 16 32 --threads 4 --out "$OUT/serving.md" \
+        --server-log "$OUT/tritonserver.log"
+}
+
 case "${1:-}" in
 graphs)
     run graphs_test 200 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "cuda_graphs and bfloat16"
@@ -141,25 +154,11 @@ x2)
 serving)
     run e2e 220 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
         --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
-    # tritonserver and the stubs' wheels from .carry/ (pytriton's server, NumPy 1 for the stubs, tritonclient)
-    mkdir -p /tmp/site && tar xJf .carry/pytriton.tar.xz -C /tmp/site &&
-        python3 -m pip install -q --no-deps --no-index --target /tmp/site .carry/tritonclient-*.whl \
-            .carry/python_rapidjson-*.whl >"$OUT/site.log" 2>&1
-    tiny_engine /tmp/engine-cuda
-    PYTHONPATH=/tmp/site:$PWD PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.carry run serving 260 python3 -m bench.serving \
-        --engine /tmp/engine-cuda --max-tokens 64 --requests 1 8 16 32 --threads 4 --out "$OUT/serving.md" \
-        --server-log "$OUT/tritonserver.log"
+    serving_bench 260
     pack serving
     ;;
 serving-quick)
-    # Triton vs in-process only, on an untuned tiny engine (about two minutes)
-    mkdir -p /tmp/site && tar xJf .carry/pytriton.tar.xz -C /tmp/site &&
-        python3 -m pip install -q --no-deps --no-index --target /tmp/site .carry/tritonclient-*.whl \
-            .carry/python_rapidjson-*.whl >"$OUT/site.log" 2>&1
-    tiny_engine /tmp/engine-cuda --tune false
-    PYTHONPATH=/tmp/site:$PWD PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.carry run serving 110 python3 -m bench.serving \
-        --engine /tmp/engine-cuda --max-tokens 64 --requests 1 8 16 32 --threads 4 --out "$OUT/serving.md" \
-        --server-log "$OUT/tritonserver.log"
+    serving_bench 110 --tune false  # Triton vs in-process only, on an untuned tiny engine (about two minutes)
     ;;
 mtp-moe)
     run moved 120 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k moved_program &

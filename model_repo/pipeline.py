@@ -16,6 +16,7 @@ send, by model; published in batches).
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -81,6 +82,11 @@ class Delta:
     def merge(self, d: Delta) -> Delta:
         ids = np.concatenate([self.output_ids, d.output_ids])
         return Delta(self.text + d.text, ids, d.finish_reason, d.counts)
+
+    @classmethod
+    def joined(cls, responses: list) -> Delta:
+        """inkling's responses (in order, at least one) as one delta."""
+        return functools.reduce(cls.merge, map(cls.from_response, responses))
 
     def response(self) -> Any:
         return pb_utils.InferenceResponse(
@@ -185,16 +191,15 @@ class PipelineModel:
         if stream:
             self._relay(responses, sender, rid)
             return
-        total = None
+        got = []
         for r in responses:
             if r.has_error():
                 raise StepError(r.error().message(), r.error().code())
             if r.output_tensors():  # else a bare final flag
-                d = Delta.from_response(r)
-                total = d if total is None else total.merge(d)
-        if total is None:
+                got.append(r)
+        if not got:
             raise StepError("inkling ended the stream without a response", pb_utils.TritonError.INTERNAL)
-        sender.send(total.response(), flags=FINAL)
+        sender.send(Delta.joined(got).response(), flags=FINAL)
 
     def _relay(self, responses: Any, sender: Any, rid: str) -> None:
         """Forward inkling's deltas to the client. A reader thread takes them off inkling's stream as they
@@ -245,9 +250,7 @@ class PipelineModel:
                 response = pb_utils.InferenceResponse(output_tensors=got[0].output_tensors())
                 final = bool(_str(pb_utils.get_output_tensor_by_name(got[0], "finish_reason").as_numpy()))
             else:
-                merged = Delta.from_response(got[0])
-                for r in got[1:]:
-                    merged = merged.merge(Delta.from_response(r))
+                merged = Delta.joined(got)
                 response, final = merged.response(), bool(merged.finish_reason)
             sender.send(response, flags=FINAL if final else 0)
             self._count_relay(arrived, flush=final)

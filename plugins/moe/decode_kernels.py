@@ -166,6 +166,26 @@ def _e2m1_pair_f16(words, P: tl.constexpr):
 
 
 @triton.jit
+def _bd_operand(
+    row_ptrs, block_ptrs, block_mask, in_block, a_mult, BLOCK_M: tl.constexpr, K_MAJOR: tl.constexpr
+):
+    """The block-diagonal activation operand [K, C] as fp16, rows scaled by a_mult. One activation row
+    (BLOCK_M 1): its K values at row_ptrs, loaded once and placed in their scale block's column (K_MAJOR:
+    built as [C, K] and transposed, so the loads come out K-contiguous). Several rows: loaded in place at
+    block_ptrs [K, C] under block_mask, zero outside their blocks."""
+    if BLOCK_M == 1:
+        a = (tl.load(row_ptrs).to(tl.float32) * a_mult).to(tl.float16)
+        if K_MAJOR:
+            a = tl.trans(tl.where(tl.trans(in_block), a[None, :], 0.0))
+        else:
+            a = tl.where(in_block, a[:, None], 0.0)
+    else:
+        a = tl.load(block_ptrs, mask=block_mask, other=0.0).to(tl.float32)
+        a = (a * a_mult[None, :]).to(tl.float16)
+    return a
+
+
+@triton.jit
 def _e2m1_k_step_f16(words, ROWS: tl.constexpr, W: tl.constexpr):
     """A K step's codes [ROWS, W] uint32 as the fp16 operand [ROWS, 8W] of ONE_DOT's K order: the four
     `_e2m1_pair_f16` pieces side by side, piece P at columns 2PW .. 2(P+1)W - 1."""
@@ -307,33 +327,30 @@ def moe_bd_kernel(
         if ONE_DOT:
             # k = (P * W + j) * 2 + t: piece P's pairs side by side along K, so one operand build, one
             # barrier and one wgmma wait per K step instead of four.
-            if BLOCK_M == 1:
-                a = (tl.load(a_ptr + a_row0 + k0 + col8).to(tl.float32) * a_mult).to(tl.float16)
-                a = tl.trans(tl.where(tl.trans(in_block8), a[None, :], 0.0))
-            else:
-                a = tl.load(a_ptrs8 + k0, mask=a_mask8, other=0.0).to(tl.float32)
-                a = (a * a_mult[None, :]).to(tl.float16)
+            a = _bd_operand(
+                a_ptr + a_row0 + k0 + col8, a_ptrs8 + k0, a_mask8, in_block8, a_mult, BLOCK_M, True
+            )
             pg = tl.dot(_e2m1_k_step_f16(g_words, ROWS, W), a)
             if GATED and not STACKED:
                 pu = tl.dot(_e2m1_k_step_f16(u_words, BLOCK_N, W), a)
         else:
             pg = tl.zeros([ROWS, C], dtype=tl.float32)
             pu = tl.zeros([BLOCK_N, C], dtype=tl.float32)
-        for P in tl.static_range(0 if ONE_DOT else 4):
-            if BLOCK_M == 1:  # one activation row: load its 2W columns once, place them by block
-                a = (tl.load(a_ptr + a_row0 + (k0 + P) + col_k).to(tl.float32) * a_mult).to(tl.float16)
-                if K_MAJOR_A:  # the loads come out K-contiguous (vectorized) this way
-                    a = tl.trans(tl.where(tl.trans(in_block), a[None, :], 0.0))
-                else:
-                    a = tl.where(in_block, a[:, None], 0.0)
-            else:
-                a = tl.load(a_ptrs + (k0 + P), mask=a_mask, other=0.0).to(tl.float32)
-                a = (a * a_mult[None, :]).to(tl.float16)
-            lo, hi = _e2m1_pair_f16(g_words, P)
-            pg = tl.dot(tl.reshape(tl.join(lo, hi), (ROWS, 2 * W)), a, pg)
-            if GATED and not STACKED:
-                lo, hi = _e2m1_pair_f16(u_words, P)
-                pu = tl.dot(tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * W)), a, pu)
+            for P in tl.static_range(4):
+                a = _bd_operand(
+                    a_ptr + a_row0 + (k0 + P) + col_k,
+                    a_ptrs + (k0 + P),
+                    a_mask,
+                    in_block,
+                    a_mult,
+                    BLOCK_M,
+                    K_MAJOR_A,
+                )
+                lo, hi = _e2m1_pair_f16(g_words, P)
+                pg = tl.dot(tl.reshape(tl.join(lo, hi), (ROWS, 2 * W)), a, pg)
+                if GATED and not STACKED:
+                    lo, hi = _e2m1_pair_f16(u_words, P)
+                    pu = tl.dot(tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * W)), a, pu)
         acc += pg * g_scale
         if GATED and not STACKED:
             acc_u += pu * u_scale
