@@ -15,7 +15,8 @@
 #     bash bench/gpu_session.sh x2          # 2 GPUs: tp-tests, then bench.tp tp 2 (Lamport); beside them on
 #                                           #   GPU 1: the attention GPU sweeps, the sampling test, bench.load
 #     bash bench/gpu_session.sh serving     # 1 GPU: e2e batches 1 and 8 (compiled), then Triton vs in-process
-#     bash bench/gpu_session.sh serving-quick # 1 GPU: Triton vs in-process only (untuned tiny engine)
+#     bash bench/gpu_session.sh serving-quick # 1 GPU: Triton (engine process, engine thread) vs in-process only
+#                                           #   (untuned tiny engine)
 #     bash bench/gpu_session.sh mtp-moe     # 1 GPU: bench.mtp, the MoE per-launch times, e2e with MTP at batch 1;
 #                                           #   beside them the moved-program test (tp ranks' device move)
 #     bash bench/gpu_session.sh tp-moe      # 2 GPUs: tp-tests, then bench.tp tp 2; beside them on GPU 1 (done
@@ -70,6 +71,7 @@ tp_tests_then_bench() {  # tp_tests_then_bench TESTS_LIMIT BENCH_LIMIT: the tp 2
 }
 
 serving_bench() {  # serving_bench LIMIT [builder flags...]: bench.serving on a tiny CUDA engine, Triton vs in-process
+    # (SERVING_ARGS: bench.serving's --requests and --engine-modes, in place of the default below)
     local limit=$1
     shift
     # tritonserver and the stubs' wheels from .carry/ (pytriton's server, NumPy 1 for the stubs, tritonclient)
@@ -78,8 +80,8 @@ serving_bench() {  # serving_bench LIMIT [builder flags...]: bench.serving on a 
             .carry/python_rapidjson-*.whl >"$OUT/site.log" 2>&1
     tiny_engine /tmp/engine-cuda "$@"
     PYTHONPATH=/tmp/site:$PWD PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.carry run serving "$limit" python3 -m bench.serving \
-        --engine /tmp/engine-cuda --max-tokens 64 --requests 1 8 16 32 --threads 4 --out "$OUT/serving.md" \
-        --server-log "$OUT/tritonserver.log"
+        --engine /tmp/engine-cuda --max-tokens 512 --threads 4 --out "$OUT/serving.md" \
+        --server-log "$OUT/tritonserver.log" ${SERVING_ARGS:---requests 1 8 16 32 --engine-modes process thread}
 }
 
 case "${1:-}" in
@@ -154,11 +156,11 @@ x2)
 serving)
     run e2e 220 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
         --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
-    serving_bench 260
+    serving_bench 330
     pack serving
     ;;
 serving-quick)
-    serving_bench 110 --tune false  # Triton vs in-process only, on an untuned tiny engine (about two minutes)
+    serving_bench 330 --tune false  # Triton vs in-process only, on an untuned tiny engine (about five minutes)
     ;;
 mtp-moe)
     run moved 120 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k moved_program &

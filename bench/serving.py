@@ -13,7 +13,9 @@ time to first token is measured on the streams. A figure, not a test: it never f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import os
 import platform
 import queue
@@ -35,11 +37,14 @@ def prompts(n: int) -> list[str]:
 
 
 def in_process(llm: LLM, texts: list[str], max_tokens: int) -> dict:
+    before = {k: float(llm.engine.stats[k]) for k in ENGINE_STATS}
     t0 = time.perf_counter()
     outs = llm.generate(texts, SamplingParams(max_tokens=max_tokens))
     wall = time.perf_counter() - t0
     tokens = sum(o.completion_tokens for o in outs)
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "ttft_s": None}
+    after = {k: float(llm.engine.stats[k]) for k in ENGINE_STATS}
+    r = {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "ttft_s": None}
+    return engine_figures(r, before, after)
 
 
 def grpc_inputs(mod, text: str, max_tokens: int, stream: bool) -> list:
@@ -90,26 +95,59 @@ def triton_streams(url: str, texts: list[str], max_tokens: int) -> dict:
     }
 
 
-def relay_counters(metrics_url: str) -> tuple[float, float]:
-    """(responses, seconds) the `ensemble` BLS has relayed so far, from Triton's /metrics."""
+ENGINE_STATS = ("steps", "step_seconds", "generated_tokens", "first_tokens", "ttft_seconds")
+METRICS_LAG_S = 0.3  # `inkling` publishes its engine's totals every 0.1 s
+
+
+def counters(metrics_url: str) -> dict[str, float]:
+    """From Triton's /metrics: the responses and seconds the `ensemble` BLS has relayed, and the served
+    engine's totals (steps, the host's seconds inside them, generated tokens)."""
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         text = r.read().decode()
-    got = {}
+    got = dict.fromkeys(("relay_responses", "relay_seconds", *ENGINE_STATS), 0.0)
     for line in text.splitlines():
-        for name in ("inkling_relay_responses_total", "inkling_relay_seconds_total"):
-            if line.startswith(name + "{") and 'model="ensemble"' in line:
-                got[name] = float(line.rsplit(" ", 1)[1])
-    return got.get("inkling_relay_responses_total", 0.0), got.get("inkling_relay_seconds_total", 0.0)
+        for name in ("responses", "seconds"):
+            if line.startswith(f"inkling_relay_{name}_total{{") and 'model="ensemble"' in line:
+                got[f"relay_{name}"] = float(line.rsplit(" ", 1)[1])
+        for stat in ENGINE_STATS:
+            if line.startswith(f'inkling_engine_stats{{stat="{stat}"}}'):
+                got[stat] = float(line.rsplit(" ", 1)[1])
+    return got
 
 
-def relayed(metrics_url: str, run):
-    """run() -> its result, with the relay's cost per response during it (µs) when it streamed."""
-    n0, s0 = relay_counters(metrics_url)
-    r = run()
-    n1, s1 = relay_counters(metrics_url)
-    if r is not None and n1 > n0:
-        r["relay_us"] = (s1 - s0) / (n1 - n0) * 1e6
+def engine_figures(r: dict, before: dict, after: dict) -> dict:
+    """r with the engine's figures over the run: steps, host ms per step, tokens per step, and the share
+    of the wall time the engine spent inside steps."""
+    steps = after["steps"] - before["steps"]
+    if steps > 0:
+        seconds = after["step_seconds"] - before["step_seconds"]
+        r["steps"] = int(steps)
+        r["step_ms"] = seconds / steps * 1e3
+        r["tokens_per_step"] = (after["generated_tokens"] - before["generated_tokens"]) / steps
+        r["engine_busy"] = seconds / r["wall_s"]
+    firsts = after["first_tokens"] - before["first_tokens"]
+    if firsts > 0:
+        r["engine_ttft_s"] = (after["ttft_seconds"] - before["ttft_seconds"]) / firsts
     return r
+
+
+def measured(metrics_url: str, run):
+    """run() -> its result, with the relay's cost per response during it (µs) when it streamed and the
+    served engine's figures (engine_figures)."""
+    time.sleep(METRICS_LAG_S)
+    before = counters(metrics_url)
+    r = run()
+    time.sleep(METRICS_LAG_S)
+    after = counters(metrics_url)
+    if r is None:
+        return None
+    if after["relay_responses"] > before["relay_responses"]:
+        r["relay_us"] = (
+            (after["relay_seconds"] - before["relay_seconds"])
+            / (after["relay_responses"] - before["relay_responses"])
+            * 1e6
+        )
+    return engine_figures(r, before, after)
 
 
 def triton_unary(url: str, texts: list[str], max_tokens: int) -> dict | None:
@@ -141,66 +179,102 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the engine, both sides")
     p.add_argument("--out", default="bench/results/serving.md")
     p.add_argument("--server-log", default=None, help="where tritonserver's log goes (default: a temp dir)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per case; the median is reported")
+    p.add_argument(
+        "--engine-modes",
+        nargs="+",
+        choices=["process", "thread"],
+        default=["process"],
+        help="where the served engine steps: its own process (the default) or a thread of the `inkling` stub; "
+        "one server per mode",
+    )
     args = p.parse_args()
-    rows = []
     torch.set_num_threads(args.threads)
     llm = LLM(args.engine)
     llm.generate(prompts(1), SamplingParams(max_tokens=2))  # warm-up
-    with tempfile.TemporaryDirectory() as work:
-        cfg = ServeConfig(
-            engine_dir=args.engine,
-            work_dir=work,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            engine_threads=args.threads,
+    startup = {}
+    with contextlib.ExitStack() as stack:
+        paths = {}  # name -> (batch size -> run)
+        paths["in-process LLM.generate"] = lambda n: functools.partial(
+            in_process, llm, prompts(n), args.max_tokens
         )
-        t0 = time.perf_counter()
-        with TritonServer(cfg, log_path=args.server_log) as server:
-            startup = time.perf_counter() - t0
+        for mode in args.engine_modes:  # every server up at once; an idle one takes no CPU
+            cfg = ServeConfig(
+                engine_dir=args.engine,
+                work_dir=stack.enter_context(tempfile.TemporaryDirectory()),
+                http_port=free_port(),
+                grpc_port=free_port(),
+                metrics_port=free_port(),
+                engine_threads=args.threads,
+                engine_process=mode == "process",
+            )
+            log_path = args.server_log and f"{args.server_log}.{mode}"
+            t0 = time.perf_counter()
+            stack.enter_context(TritonServer(cfg, log_path=log_path))
+            startup[mode] = time.perf_counter() - t0
             triton_streams(cfg.grpc_url, prompts(1), 2)  # warm-up
-            for n in args.requests:
-                texts = prompts(n)
-                for name, run in (
-                    ("in-process LLM.generate", lambda t=texts: in_process(llm, t, args.max_tokens)),
-                    (
-                        "Triton gRPC streams (ensemble)",
-                        lambda t=texts: triton_streams(cfg.grpc_url, t, args.max_tokens),
-                    ),
-                    (
-                        "Triton HTTP unary (ensemble_unary)",
-                        lambda t=texts: triton_unary(cfg.http_url, t, args.max_tokens),
-                    ),
-                ):
-                    r = run()  # untimed: the first run of a batch size compiles its kernels (Triton JIT)
-                    r = r and relayed(cfg.metrics_url, run)
-                    if r is None:
-                        print(f"{n:3d} requests  {name:36s} skipped: its client is not installed", flush=True)
-                        continue
-                    rows.append((n, name, r))
-                    print(
-                        f"{n:3d} requests  {name:36s} {r['tokens_per_s']:8.1f} tok/s  ({r['tokens']} tokens, {r['wall_s']:.2f} s)"
-                        + (f", relay {r['relay_us']:.0f} us/response" if "relay_us" in r else ""),
-                        flush=True,
-                    )
-            server_log = server.log_path
-    write(args, rows, startup, server_log)
+            paths[f"Triton gRPC streams (ensemble), engine {mode}"] = lambda n, c=cfg: functools.partial(
+                measured,
+                c.metrics_url,
+                functools.partial(triton_streams, c.grpc_url, prompts(n), args.max_tokens),
+            )
+            paths[f"Triton HTTP unary (ensemble_unary), engine {mode}"] = lambda n, c=cfg: functools.partial(
+                measured,
+                c.metrics_url,
+                functools.partial(triton_unary, c.http_url, prompts(n), args.max_tokens),
+            )
+        rows = []
+        for n in args.requests:
+            runs = {name: make(n) for name, make in paths.items()}
+            for name, run in list(runs.items()):
+                if run() is None:  # untimed: the first run of a batch size compiles its kernels (Triton JIT)
+                    print(f"{n:3d} requests  {name:50s} skipped: its client is not installed", flush=True)
+                    del runs[name]
+            # The paths take turns, `repeats` rounds: a host that slows down for a while (a neighbour on a
+            # shared machine) slows all of them alike, not the one that happened to run then.
+            results: dict[str, list[dict]] = {name: [] for name in runs}
+            for _ in range(args.repeats):
+                for name, run in runs.items():
+                    results[name].append(run())
+            rows += [(n, name, report(n, name, median(got))) for name, got in results.items()]
+    write(args, rows, startup)
 
 
-def write(args: argparse.Namespace, rows: list, startup: float, server_log: object) -> None:
+def median(runs: list[dict]) -> dict:
+    """The run of median tokens/s (with the spread of all of them)."""
+    runs.sort(key=lambda r: r["tokens_per_s"])
+    r = runs[len(runs) // 2]
+    r["spread"] = (runs[0]["tokens_per_s"], runs[-1]["tokens_per_s"])
+    return r
+
+
+def report(n: int, name: str, r: dict) -> dict:
+    print(
+        f"{n:3d} requests  {name:50s} {r['tokens_per_s']:8.1f} tok/s  ({r['tokens']} tokens, {r['wall_s']:.2f} s)"
+        + (f", relay {r['relay_us']:.0f} us/response" if "relay_us" in r else ""),
+        flush=True,
+    )
+    return r
+
+
+def write(args: argparse.Namespace, rows: list, startup: dict[str, float]) -> None:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     lines = [
         f"# Serving: tokens/s through Triton vs in-process ({'GPU' if gpu else 'CPU'}, tiny engine)",
         "",
         f"Command: `.venv/bin/python -m bench.serving --engine {args.engine} --max-tokens {args.max_tokens} "
-        f"--requests {' '.join(map(str, args.requests))} --threads {args.threads}`",
+        f"--requests {' '.join(map(str, args.requests))} --threads {args.threads} "
+        f"--repeats {args.repeats} --engine-modes {' '.join(args.engine_modes)}`",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared with other work: load average "
         f"{os.getloadavg()[0]:.1f}), {args.threads} engine thread(s) on both sides, {gpu or 'no GPU'}; "
-        f"torch {torch.__version__}. Date: {datetime.date.today().isoformat()}. Triton start-up: {startup:.1f} s.",
+        f"torch {torch.__version__}. Date: {datetime.date.today().isoformat()}. Triton start-up: "
+        + ", ".join(f"{t:.1f} s (engine {mode})" for mode, t in startup.items())
+        + ".",
         "",
         f"Greedy, {args.max_tokens} new tokens per request, all requests sent at once. Completion tokens over the "
-        "wall time of the burst; TTFT is the median time to a stream's first delta. Each path runs twice per "
-        "batch size and the second run is timed (the first compiles Triton kernels for new shapes)."
+        "wall time of the burst; TTFT is the median time to a stream's first delta. Each path runs once "
+        f"untimed per batch size (the first run compiles Triton kernels for new shapes), then {args.repeats} times, "
+        "the paths taking turns (every server is up throughout; an idle one takes no CPU): the table has the run of median tokens/s, and the lowest and highest tokens/s of the runs."
         + (
             ""
             if gpu
@@ -208,19 +282,35 @@ def write(args: argparse.Namespace, rows: list, startup: float, server_log: obje
             "the in-process runtime 10x slower (1.2 vs 15.8 tok/s for one request), hence one thread each."
         ),
         "",
+        "Engine process: the served engine steps in a process of its own (runtime.engine_process), apart",
+        "from the `inkling` stub's GIL; engine thread: on a thread of the stub, sharing its GIL.",
+        "",
         "Streams: responses per token is what reached the client (below 1 when `inkling`'s sender merged",
         "deltas it had queued); relay µs is the `ensemble` BLS's wall time per response, from its arrival",
         "from `inkling` to its send (`inkling_relay_seconds_total` / `inkling_relay_responses_total`).",
+        "Engine: the steps the engine took during the run, tokens generated per step, the host's wall time",
+        "per step (inside LLMEngine.step), and the share of the run's wall time spent inside steps (served:",
+        "`inkling_engine_stats` on /metrics); the mean TTFT in the engine runs from a request's arrival in",
+        "the engine (the median TTFT is the client's, from sending).",
         "",
-        "| requests | path | tokens | wall (s) | tokens/s | median TTFT (s) | responses per token | relay µs per response |",
-        "|---|---|---|---|---|---|---|---|",
+        "| requests | path | tokens | wall (s) | tokens/s | (lowest–highest) | median TTFT (s) | responses per token "
+        "| relay µs per response | engine steps | tokens per step | host ms per step | engine busy "
+        "| mean TTFT in the engine (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, name, r in rows:
         ttft = "" if r["ttft_s"] is None else f"{r['ttft_s']:.3f}"
         per_token = f"{r['responses'] / r['tokens']:.2f}" if r.get("responses") else ""
         relay = f"{r['relay_us']:.0f}" if "relay_us" in r else ""
+        spread = "{:.0f}–{:.0f}".format(*r["spread"])
+        engine = (
+            f"{r['steps']} | {r['tokens_per_step']:.1f} | {r['step_ms']:.2f} | {r['engine_busy']:.0%} "
+            f"| {r.get('engine_ttft_s', float('nan')):.3f}"
+            if "steps" in r
+            else " | | | | "
+        )
         lines.append(
-            f"| {n} | {name} | {r['tokens']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.1f} | {ttft} | {per_token} | {relay} |"
+            f"| {n} | {name} | {r['tokens']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.1f} | {spread} | {ttft} | {per_token} | {relay} | {engine} |"
         )
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -64,6 +64,7 @@ class ServeConfig:
     engine_threads: int = 0  # torch threads of the engine loop (0: torch's default)
     cuda_graphs: bool | None = None  # decode/verify steps from CUDA graphs (None: the runtime's default)
     overlap: bool | None = None  # overlapped decode steps (None: the runtime's default)
+    engine_process: bool = True  # the engine in a process of its own (runtime.engine_process), not the stub's
     log_verbose: int = 0
 
     def __post_init__(self) -> None:
@@ -189,6 +190,7 @@ def template_values(cfg: ServeConfig) -> dict[str, str]:
         "engine_threads": str(cfg.engine_threads),
         "cuda_graphs": SWITCH[cfg.cuda_graphs],
         "overlap": SWITCH[cfg.overlap],
+        "engine_process": SWITCH[cfg.engine_process],
         "max_text_bytes": str(cfg.max_text_bytes),
         "max_images": str(cfg.max_images),
         "max_audios": str(cfg.max_audios),
@@ -363,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         help="launch each decode step before the host reads the previous one's tokens (default: on for a "
         "one-GPU engine)",
     )
+    p.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine in a process of its own, apart from the `inkling` stub's GIL (default: on)",
+    )
     p.add_argument("--log-verbose", type=int, default=0)
     args = p.parse_args(argv)
     cfg = ServeConfig(
@@ -381,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_threads=args.engine_threads,
         cuda_graphs=args.cuda_graphs,
         overlap=args.overlap,
+        engine_process=args.engine_process,
         log_verbose=args.log_verbose,
     )
     server = TritonServer(cfg)

@@ -170,7 +170,7 @@ class Workers:
         args += ["--store", f"127.0.0.1:{port}", "--num_blocks", str(num_blocks or 0), "--graphs", graphs]
         self.procs = [
             subprocess.Popen(
-                [_python(), "-m", "runtime.worker", *args, "--rank", str(rank)],
+                [python_executable(), "-m", "runtime.worker", *args, "--rank", str(rank)],
                 env={**os.environ, "PYTHONPATH": path},
             )
             for rank in range(1, self.world_size)
@@ -249,14 +249,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _python() -> str:
-    """A Python interpreter for the workers: this one, unless it is embedded (Triton's Python-backend
+def python_executable() -> str:
+    """A Python interpreter for child processes (tensor-parallel workers, the engine process): this one, unless it is embedded (Triton's Python-backend
     stub), where the `python3` first on PATH is the stubs' environment."""
     if os.path.basename(sys.executable).startswith("python"):
         return sys.executable
     found = shutil.which("python3")
     if found is None:
-        raise RuntimeError(
-            f"no Python interpreter to start tensor-parallel workers ({sys.executable} is embedded)"
-        )
+        raise RuntimeError(f"no Python interpreter to start child processes ({sys.executable} is embedded)")
     return found

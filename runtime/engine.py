@@ -144,7 +144,9 @@ class LLMEngine:
         self.num_requests = 0
         # overlapped_steps: steps launched before the previous step's tokens were on the host.
         self.stats = {
-            "prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "generated_tokens": 0, "overlapped_steps": 0
+            "prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "generated_tokens": 0, "overlapped_steps": 0,
+            "step_seconds": 0.0,  # the host's wall time inside step(), over the engine's life
+            "first_tokens": 0, "ttft_seconds": 0.0,  # requests that got a first token; their TTFTs, summed
         }  # fmt: skip
         self.latency: dict[str, list[float]] = {"ttft_s": [], "itl_s": []}
         self.acceptance = AcceptanceStats()  # over every MTP step of the engine's life
@@ -226,6 +228,13 @@ class LLMEngine:
         finished (eos, a stop string, an abort) wasted one token of work in step n+1, whose results for
         it are dropped; its blocks and slot go back at once, and any later use of them is queued behind
         step n+1 on the same stream."""
+        start = time.perf_counter()
+        try:
+            return self._step()
+        finally:
+            self.stats["step_seconds"] += time.perf_counter() - start
+
+    def _step(self) -> list[StreamDelta]:
         held, self._held = self._held, []
         launched, self._inflight = self._inflight, None
         if launched is None or all(s.seq.finished for s in launched.batch):
@@ -443,6 +452,8 @@ class LLMEngine:
         if state.first_token_time is None:
             state.first_token_time = now
             self.latency["ttft_s"].append(now - state.arrival_time)
+            self.stats["first_tokens"] += 1
+            self.stats["ttft_seconds"] += now - state.arrival_time
         else:
             self.latency["itl_s"].extend([(now - state.last_token_time) / len(emitted)] * len(emitted))
         state.last_token_time = now

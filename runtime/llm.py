@@ -234,7 +234,7 @@ class EngineLoop:
                     self.engine.add_request(rid, prompt, params)
                     self._callbacks[rid] = cb
                 except ValueError as e:
-                    cb(StreamDelta(rid, "", [], "error", len(prompt.input_ids), 0, error=str(e)))
+                    cb(StreamDelta(rid, "", [], "rejected", len(prompt.input_ids), 0, error=str(e)))
             else:
                 delta = self.engine.abort_request(item[1])
                 cb = self._callbacks.pop(item[1], None)

@@ -15,6 +15,7 @@ from . import kernels
 
 MAX_SPLITS = 64
 MIN_TILES_PER_SPLIT = 2
+LONG_SPLIT_TILES = 16  # KV tiles per split above which a decode with few programs splits further
 FULL_WINDOW = 1 << 30  # what the kernel gets as the window of a full-attention layer
 
 
@@ -92,7 +93,9 @@ def choose_config(
             # (float32 keeps its cap of 32 rows: compile time.)
             block_q = 16
         block_n = 16 if small else (128 if max_seqlen_q == 1 else 64)
-        num_warps, num_stages = 4, 2
+        # Decode: three stages (H200, graph-timed, bench/results/gpu-2026-11-30/s10/attention-decode/:
+        # 3-7% faster than two at B=1 KV 8K and 128K and B=32 KV 8K; eight warps were 20-50% slower).
+        num_warps, num_stages = 4, (3 if max_seqlen_q == 1 else 2)
         shear = "gather"
     else:
         # One head per program; the relative band is sheared through a per-program scratch (with
@@ -110,6 +113,10 @@ def choose_config(
     kv_tiles = triton.cdiv(max(max_kv_len, 1), block_n)
     num_splits = 1
     target = 2 * num_sms
+    if programs < num_sms and kv_tiles > LONG_SPLIT_TILES * triton.cdiv(target, programs):
+        # Long KV with few programs: four per SM rather than two, so that more loads are in flight
+        # (H200, B=1 KV 128K, graph-timed: 64 splits 0.203 ms against 0.235 at 33)
+        target = 4 * num_sms
     if programs < target:
         num_splits = min(
             triton.cdiv(target, programs), triton.cdiv(kv_tiles, MIN_TILES_PER_SPLIT), MAX_SPLITS

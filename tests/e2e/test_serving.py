@@ -217,6 +217,21 @@ def test_http_unary_equals_in_process(server, expected):
         client.close()
 
 
+def test_engine_on_a_stub_thread_equals_in_process(engine_f32, tmp_path, expected):
+    """`--no-engine-process`: the engine loop on a thread of the `inkling` stub, as before EngineProcess."""
+    cfg = ServeConfig(
+        engine_dir=str(engine_f32[1]), work_dir=str(tmp_path), http_port=free_port(), grpc_port=free_port(),
+        metrics_port=free_port(), engine_process=False, **LIMITS,
+    )  # fmt: skip
+    with TritonServer(cfg) as s:
+        client = httpclient.InferenceServerClient(s.cfg.http_url)
+        try:
+            for prompt, want in zip(PROMPTS[:2], expected):
+                assert result(client.infer("ensemble_unary", inputs(httpclient, prompt))) == want
+        finally:
+            client.close()
+
+
 def test_grpc_unary_equals_in_process(server, expected):
     client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
     try:
@@ -449,9 +464,23 @@ def test_bad_streaming_request_ends_its_stream_with_an_error(server):
 
 
 def test_metrics_endpoint(server):
-    text = metrics(server)["_text"]
-    assert 'nv_inference_request_success{model="ensemble_unary",version="1"}' in text
-    assert 'inkling_kv_cache_blocks{kv_cache_block_type="total"}' in text
+    """Triton's own counters, and the engine's: a request of 2 tokens moves its step and token totals."""
+    stat = lambda m, name: m[f'inkling_engine_stats{{stat="{name}"}}']  # noqa: E731
+    before = metrics(server)
+    assert_serving(server)
+    deadline = time.monotonic() + 10  # the gauges are published every 0.1 s
+    while (
+        stat(m := metrics(server), "first_tokens") == stat(before, "first_tokens")
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    assert 'nv_inference_request_success{model="ensemble_unary",version="1"}' in m["_text"]
+    assert 'inkling_kv_cache_blocks{kv_cache_block_type="total"}' in m["_text"]
+    assert stat(m, "first_tokens") == stat(before, "first_tokens") + 1
+    assert stat(m, "generated_tokens") == stat(before, "generated_tokens") + 2
+    assert stat(m, "steps") >= stat(before, "steps") + 2 and stat(m, "step_seconds") > stat(
+        before, "step_seconds"
+    )
 
 
 def test_repository_carries_the_engine_options(engine_f32, tmp_path):
@@ -467,3 +496,7 @@ def test_repository_carries_the_engine_options(engine_f32, tmp_path):
         assert f'key: "cuda_graphs" value: {{ string_value: "{want}" }}' in text
         assert f'key: "overlap" value: {{ string_value: "{"1" if want == "0" else "0"}" }}' in text
         assert 'key: "num_blocks" value: { string_value: "77" }' in text
+        assert 'key: "engine_process" value: { string_value: "1" }' in text  # the default
+    cfg = ServeConfig(engine_dir=str(engine_f32[1]), work_dir=str(tmp_path), engine_process=False)
+    text = (fill_repository(cfg, tmp_path / "repo2") / "inkling" / "config.pbtxt").read_text()
+    assert 'key: "engine_process" value: { string_value: "0" }' in text

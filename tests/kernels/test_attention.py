@@ -238,6 +238,12 @@ def test_triton_head_dim_128():
 def test_choose_config_is_shape_only(monkeypatch):
     decode = launcher.choose_config(1, 64, 8, 1, 1 << 20, num_sms=132)
     assert decode.heads == 8 and decode.num_splits > 1
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)  # the GPU's tiles
+    # split-KV: 2 programs per SM at 8K (2 tiles of 128 keys per split), 4 at long KV (H200 timings)
+    assert launcher.choose_config(1, 64, 8, 1, 8192, num_sms=132).num_splits == 32
+    assert launcher.choose_config(1, 64, 8, 1, 131072, num_sms=132).num_splits == 64
+    assert launcher.choose_config(32, 64, 8, 1, 8192, num_sms=132).num_splits == 2  # the GPU is full
+    monkeypatch.undo()
     prefill = launcher.choose_config(4, 64, 8, 4096, 4096, num_sms=132)
     assert prefill.heads == 1 and prefill.num_splits == 1 and prefill.shear == "scratch"
     for q_len in (2, 4, 9):  # every verify of group 8 takes one band per head (block_q 16)

@@ -1,14 +1,16 @@
 """inkling: the runtime's engine loop behind Triton (decoupled, in-flight batching).
 
-execute() only parses and submits: the engine thread steps every request in flight together and
-hands each delta to `on_delta`, which queues it; one sender thread turns deltas into responses, so
-the engine never waits on Triton. Where the sender falls behind, the deltas of a request queued by
-then go out as one response (never a request's first delta: the first token goes out alone); a
-request with `stream` false gets one response at its end. The sender also notices cancelled requests (client cancel or
-disconnect) and aborts them in the runtime, which frees their cache blocks at once, and publishes
-the cache statistics as gauges on Triton's metrics endpoint. An engine built with tp_size N runs on N
-ranks: the LLM inside the loop is rank 0 and starts the other N-1 as worker processes
-(runtime/distributed.py); `finalize` stops them.
+execute() only parses and submits. The engine steps every request in flight together, in a process of
+its own (runtime.engine_process), so that this stub's Python work never holds up a step; parameter
+`engine_process` "0" runs it on a thread of the stub instead. It hands each delta to `on_delta`, which
+queues it; one sender thread turns deltas into responses, so the engine never waits on Triton. Where
+the sender falls behind, the deltas of a request queued by then go out as one response (never a
+request's first delta: the first token goes out alone); a request with `stream` false gets one
+response at its end. The sender also notices cancelled requests (client cancel or disconnect) and
+aborts them in the runtime, which frees their cache blocks at once, and publishes the cache statistics
+as gauges on Triton's metrics endpoint. An engine built with tp_size N runs on N ranks: the LLM inside
+the engine is rank 0 and starts the other N-1 as worker processes (runtime/distributed.py); `finalize`
+stops them.
 """
 
 from __future__ import annotations
@@ -38,12 +40,25 @@ from model_repo.tensors import (
     text,
 )
 from runtime import EngineLoop, PromptInput, SamplingParams, StreamDelta
+from runtime.engine_process import EngineProcess
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_S = 0.05  # how often a stream's cancellation is polled (an IPC round trip)
 METRICS_PERIOD_S = 0.1
 CACHE_GAUGES = ("free_blocks", "used_blocks", "evictable_blocks", "total_blocks")
 REQUEST_GAUGES = ("running", "waiting")
+# The engine's running totals: its steps, the host's seconds inside them, the tokens they computed,
+# the requests that got a first token and their times to it (from arrival in the engine), summed.
+ENGINE_GAUGES = (
+    "steps",
+    "step_seconds",
+    "prefill_tokens",
+    "decode_tokens",
+    "generated_tokens",
+    "overlapped_steps",
+    "first_tokens",
+    "ttft_seconds",
+)
 
 
 @dataclass
@@ -65,12 +80,18 @@ class TritonPythonModel:
         self.dtype = getattr(torch, engine["dtype"])
         num_blocks = int(parameter(cfg, "num_blocks", "0")) or None
         num_threads = int(parameter(cfg, "num_threads", "0"))
-        if num_threads:
-            torch.set_num_threads(num_threads)
         switch = {"auto": None, "1": True, "0": False}
-        cuda_graphs = switch[parameter(cfg, "cuda_graphs", "auto")]
-        overlap = switch[parameter(cfg, "overlap", "auto")]
-        self.loop = EngineLoop(engine_dir, num_blocks=num_blocks, cuda_graphs=cuda_graphs, overlap=overlap)
+        options = dict(
+            num_blocks=num_blocks,
+            cuda_graphs=switch[parameter(cfg, "cuda_graphs", "auto")],
+            overlap=switch[parameter(cfg, "overlap", "auto")],
+        )
+        if parameter(cfg, "engine_process", "1") == "1":
+            self.loop = EngineProcess(engine_dir, num_threads=num_threads, **options)
+        else:
+            if num_threads:
+                torch.set_num_threads(num_threads)
+            self.loop = EngineLoop(engine_dir, **options)
         self.in_flight: dict[str, InFlight] = {}
         self.lock = threading.Lock()
         self.outbox: queue.Queue[StreamDelta | None] = queue.Queue()
@@ -221,6 +242,8 @@ class TritonPythonModel:
             req.sender.send(self._response(d))
         elif req.cancelled or req.sender.is_cancelled():
             req.sender.send(flags=FINAL)  # the client is gone: nothing to say
+        elif d.finish_reason == "rejected":  # a request the engine cannot serve
+            req.sender.send(error(d.error or "request rejected"), flags=FINAL)
         elif d.finish_reason == "error":
             req.sender.send(error(d.error or "generation failed", pb_utils.TritonError.INTERNAL), flags=FINAL)
         else:
@@ -266,11 +289,17 @@ class TritonPythonModel:
             description="Requests in the inkling engine loop, by state",
             kind=pb_utils.MetricFamily.GAUGE,
         )
-        self.metric_families = (blocks, requests)
+        engine = pb_utils.MetricFamily(
+            name="inkling_engine_stats",
+            description="Running totals of the inkling engine: steps, seconds inside them, tokens",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.metric_families = (blocks, requests, engine)
         self.gauges = {
             k: blocks.Metric(labels={"kv_cache_block_type": k.removesuffix("_blocks")}) for k in CACHE_GAUGES
         }
         self.gauges |= {k: requests.Metric(labels={"request_state": k}) for k in REQUEST_GAUGES}
+        self.gauges |= {k: engine.Metric(labels={"stat": k}) for k in ENGINE_GAUGES}
         self._publish_metrics()
 
     def _publish_metrics(self) -> None:

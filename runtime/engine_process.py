@@ -1,0 +1,264 @@
+"""EngineProcess: the engine loop in a process of its own, for servers.
+
+EngineLoop steps the engine on a thread of its caller's process, so whatever else that process does in
+Python (a Triton stub building and sending a response per token) waits for the same GIL as the engine's
+scheduling, sampling and detokenizing. EngineProcess runs the LLMEngine in a child process instead,
+`python -m runtime.engine_process`, and talks to it over a socket pair:
+
+    parent (the server)                      child (the engine)
+    submit, abort, shutdown      ───────►    read between steps: add_request, abort_request
+    on_delta callbacks           ◄───────    after each step: its deltas and the cache statistics
+
+The child never waits for the parent while it has work: it polls for messages between steps and sends
+each step's deltas as one message. The parent's reader thread hands them to the callbacks.
+
+The interface is EngineLoop's (submit, abort, cache_stats, shutdown), with one difference: a request
+the engine refuses (too long, out-of-range ids, ...) is refused in the child, so `submit` does not
+raise; the request's one delta has finish_reason "rejected" and the reason in `error`. If the child
+dies, each request in flight gets a delta with finish_reason "error", and later submits raise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from .distributed import PROJECT_ROOT, python_executable
+from .engine import PromptInput, StreamDelta
+from .params import SamplingParams
+
+SWITCH = {None: "auto", True: "1", False: "0"}
+Callback = Callable[[StreamDelta], Any]
+
+
+class EngineProcess:
+    """The engine at `engine_dir`, stepping in a child process; requests come and go from any thread.
+
+    on_delta callbacks run on this process's reader thread: keep them short (e.g. hand off to a queue)."""
+
+    def __init__(
+        self,
+        engine_dir: str | os.PathLike,
+        num_blocks: int | None = None,
+        seed: int = 0,
+        cuda_graphs: bool | None = None,
+        overlap: bool | None = None,
+        num_threads: int = 0,
+    ):
+        """Start the child and wait until its engine is loaded (a load error is raised here, with the
+        child's traceback). num_threads: the child's torch threads (0: torch's default)."""
+        ours, theirs = socket.socketpair()
+        args = ["--engine_dir", os.path.abspath(engine_dir), "--fd", str(theirs.fileno())]
+        args += ["--num_blocks", str(num_blocks or 0), "--seed", str(seed), "--num_threads", str(num_threads)]
+        args += ["--cuda_graphs", SWITCH[cuda_graphs], "--overlap", SWITCH[overlap]]
+        path = os.pathsep.join(filter(None, [PROJECT_ROOT, os.environ.get("PYTHONPATH")]))
+        with theirs:
+            self.proc = subprocess.Popen(
+                [python_executable(), "-m", "runtime.engine_process", *args],
+                pass_fds=[theirs.fileno()],
+                env={**os.environ, "PYTHONPATH": path},
+            )
+        self._conn = Connection(ours.detach())
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()  # the callbacks, the statistics, `_dead`
+        self._callbacks: dict[str, Callback] = {}
+        self._dead: str | None = None  # why the child is gone
+        try:
+            kind, *info = self._recv()
+        except EOFError:
+            kind, info = "failed", [f"it exited with code {self.proc.wait()} before loading the engine"]
+        if kind != "ready":
+            self.proc.kill()
+            self.proc.wait()
+            self._conn.close()
+            raise RuntimeError(f"the engine process could not load {engine_dir}: {info[0]}")
+        self._stats: dict = info[0]
+        self._reader = threading.Thread(target=self._read, name="inkling-engine-reader", daemon=True)
+        self._reader.start()
+
+    # Requests.
+    def submit(
+        self, request_id: str, prompt: PromptInput, params: SamplingParams, on_delta: Callback
+    ) -> None:
+        """Queue a request (token ids and media embeddings; text is prepared by the caller)."""
+        with self._lock:
+            if self._dead is not None:
+                raise RuntimeError(f"the engine process is gone: {self._dead}")
+            if request_id in self._callbacks:
+                raise ValueError(f"request id {request_id!r} is already in flight")
+            self._callbacks[request_id] = on_delta
+        try:
+            self._send(("add", request_id, prompt, params))
+        except BaseException:
+            with self._lock:
+                self._callbacks.pop(request_id, None)
+            raise
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request: the child frees its blocks at once; its final delta has finish_reason "abort"."""
+        try:
+            self._send(("abort", request_id))
+        except OSError:
+            pass  # the child is gone: its requests have been ended already
+
+    def cache_stats(self) -> dict:
+        """The engine's cache statistics as of its last step or message."""
+        with self._lock:
+            return dict(self._stats)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the child (its requests are aborted) and wait for it; kill it after `timeout` seconds."""
+        try:
+            self._send(("stop",))
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout)
+        self._conn.close()
+
+    # The wire: pickles, one message per send.
+    def _send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            self._conn.send_bytes(data)
+
+    def _recv(self) -> tuple:
+        return pickle.loads(self._conn.recv_bytes())
+
+    def _read(self) -> None:
+        while True:
+            try:
+                kind, deltas, stats = self._recv()
+            except (EOFError, OSError):
+                break
+            with self._lock:
+                self._stats = stats
+                calls = [
+                    (
+                        d,
+                        self._callbacks.pop(d.request_id, None)
+                        if d.finish_reason
+                        else self._callbacks.get(d.request_id),
+                    )
+                    for d in deltas
+                ]
+            self._deliver(calls)
+            if kind == "stopped":
+                break
+        code = self.proc.wait()
+        with self._lock:
+            self._dead = self._dead or f"it exited with code {code}"
+            orphans, self._callbacks = self._callbacks, {}
+        self._deliver(
+            [(StreamDelta(rid, "", [], "error", 0, 0, error=f"the engine process exited (code {code})"), cb)
+             for rid, cb in orphans.items()]
+        )  # fmt: skip
+
+    @staticmethod
+    def _deliver(calls: list[tuple[StreamDelta, Callback | None]]) -> None:
+        for d, cb in calls:
+            if cb is None:
+                continue
+            try:
+                cb(d)
+            except Exception:  # a broken callback must not stop the reader
+                traceback.print_exc()
+
+
+# The child.
+def serve(conn: Connection, llm_args: dict) -> None:
+    """Load the engine, say "ready", then step it, reading the parent's messages between steps, until
+    "stop" or the parent is gone."""
+    from .llm import LLM  # the child alone loads the engine
+
+    try:
+        llm = LLM(**llm_args)
+    except BaseException as e:
+        conn.send_bytes(pickle.dumps(("failed", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")))
+        raise
+    engine = llm.engine
+
+    def send(kind: str, deltas: list[StreamDelta]) -> None:
+        conn.send_bytes(pickle.dumps((kind, deltas, engine.cache_stats()), protocol=pickle.HIGHEST_PROTOCOL))
+
+    conn.send_bytes(pickle.dumps(("ready", engine.cache_stats())))
+    running = True
+    try:
+        while running:
+            out: list[StreamDelta] = []
+            busy = engine.has_unfinished()
+            # Idle: sleep until the parent writes. Busy: take what has come, without waiting.
+            while conn.poll(0 if busy else None):
+                message = pickle.loads(conn.recv_bytes())
+                if message[0] == "stop":
+                    running = False
+                    break
+                out += _handle(engine, message)
+                busy = True
+            if running and engine.has_unfinished():
+                out += engine.step()
+            if out or not running:
+                send("step" if running else "stopped", out + (_abort_all(engine) if not running else []))
+    except (EOFError, OSError):
+        pass  # the parent is gone
+    finally:
+        llm.shutdown()
+
+
+def _handle(engine, message: tuple) -> list[StreamDelta]:
+    kind, rid, *rest = message
+    if kind == "abort":
+        delta = engine.abort_request(rid)
+        return [delta] if delta is not None else []
+    prompt, params = rest
+    try:
+        engine.add_request(rid, prompt, params)
+    except ValueError as e:
+        return [StreamDelta(rid, "", [], "rejected", len(prompt.input_ids), 0, error=str(e))]
+    return []
+
+
+def _abort_all(engine) -> list[StreamDelta]:
+    return [d for rid in list(engine.requests) if (d := engine.abort_request(rid)) is not None]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m runtime.engine_process", description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine_dir", required=True)
+    p.add_argument("--fd", type=int, required=True, help="this end of the parent's socket pair")
+    p.add_argument("--num_blocks", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num_threads", type=int, default=0)
+    p.add_argument("--cuda_graphs", choices=list(SWITCH.values()), default="auto")
+    p.add_argument("--overlap", choices=list(SWITCH.values()), default="auto")
+    args = p.parse_args(argv)
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    switch = {v: k for k, v in SWITCH.items()}
+    llm_args = dict(
+        engine=args.engine_dir,
+        num_blocks=args.num_blocks or None,
+        seed=args.seed,
+        cuda_graphs=switch[args.cuda_graphs],
+        overlap=switch[args.overlap],
+    )
+    serve(Connection(args.fd), llm_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
