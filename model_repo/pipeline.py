@@ -236,6 +236,7 @@ class PipelineModel:
                 if r.has_error():
                     raise StepError(r.error().message(), r.error().code())
                 if r.output_tensors():  # else a bare final flag
+                    _raise_if_failed(r)
                     got.append(r)
                     if arrived is None:
                         arrived = t
@@ -272,6 +273,14 @@ class PipelineModel:
                 self.relay_s.increment(self.pending_relay_s)
                 self.pending_relayed, self.pending_relay_s = 0, 0.0
                 self.metrics_due = time.monotonic() + METRICS_PERIOD_S
+
+
+def _raise_if_failed(r: Any) -> None:
+    """inkling ends a stream that failed after its first response with finish_reason "error" and the reason
+    as its text (an error response there would not reach this BLS): an error for the client."""
+    if _str(pb_utils.get_output_tensor_by_name(r, "finish_reason").as_numpy()) == "error":
+        text = _str(pb_utils.get_output_tensor_by_name(r, "text_output").as_numpy())
+        raise StepError(text or "generation failed", pb_utils.TritonError.INTERNAL)
 
 
 def _call(model: str, inputs: list, outputs: list[str]) -> dict[str, np.ndarray]:

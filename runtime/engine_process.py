@@ -15,7 +15,8 @@ each step's deltas as one message. The parent's reader thread hands them to the 
 The interface is EngineLoop's (submit, abort, cache_stats, shutdown), with one difference: a request
 the engine refuses (too long, out-of-range ids, ...) is refused in the child, so `submit` does not
 raise; the request's one delta has finish_reason "rejected" and the reason in `error`. If the child
-dies, each request in flight gets a delta with finish_reason "error", and later submits raise.
+dies, each request in flight gets a delta with finish_reason "error", later submits raise EngineGone,
+and `on_exit` is called (the Triton model starts another EngineProcess there).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ SWITCH = {None: "auto", True: "1", False: "0"}
 Callback = Callable[[StreamDelta], Any]
 
 
+class EngineGone(RuntimeError):
+    """The engine process has exited: this EngineProcess takes no more requests (start another)."""
+
+
 class EngineProcess:
     """The engine at `engine_dir`, stepping in a child process; requests come and go from any thread.
 
@@ -55,9 +60,12 @@ class EngineProcess:
         cuda_graphs: bool | None = None,
         overlap: bool | None = None,
         num_threads: int = 0,
+        on_exit: Callable[[str], Any] | None = None,
     ):
         """Start the child and wait until its engine is loaded (a load error is raised here, with the
-        child's traceback). num_threads: the child's torch threads (0: torch's default)."""
+        child's traceback). num_threads: the child's torch threads (0: torch's default). on_exit(reason):
+        called on the reader thread if the child exits without being told to (after the requests in
+        flight got their error deltas), e.g. to start another."""
         ours, theirs = socket.socketpair()
         args = ["--engine_dir", os.path.abspath(engine_dir), "--fd", str(theirs.fileno())]
         args += ["--num_blocks", str(num_blocks or 0), "--seed", str(seed), "--num_threads", str(num_threads)]
@@ -74,6 +82,8 @@ class EngineProcess:
         self._lock = threading.Lock()  # the callbacks, the statistics, `_dead`
         self._callbacks: dict[str, Callback] = {}
         self._dead: str | None = None  # why the child is gone
+        self._stopping = False
+        self._on_exit = on_exit
         try:
             kind, *info = self._recv()
         except EOFError:
@@ -94,15 +104,17 @@ class EngineProcess:
         """Queue a request (token ids and media embeddings; text is prepared by the caller)."""
         with self._lock:
             if self._dead is not None:
-                raise RuntimeError(f"the engine process is gone: {self._dead}")
+                raise EngineGone(f"the engine process is gone: {self._dead}")
             if request_id in self._callbacks:
                 raise ValueError(f"request id {request_id!r} is already in flight")
             self._callbacks[request_id] = on_delta
         try:
             self._send(("add", request_id, prompt, params))
-        except BaseException:
+        except BaseException as e:
             with self._lock:
                 self._callbacks.pop(request_id, None)
+            if isinstance(e, OSError):  # the child has died, and the reader has not seen it yet
+                raise EngineGone(f"the engine process is gone: {e}") from e
             raise
 
     def abort(self, request_id: str) -> None:
@@ -119,6 +131,7 @@ class EngineProcess:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the child (its requests are aborted) and wait for it; kill it after `timeout` seconds."""
+        self._stopping = True
         try:
             self._send(("stop",))
         except OSError:
@@ -168,6 +181,16 @@ class EngineProcess:
             [(StreamDelta(rid, "", [], "error", 0, 0, error=f"the engine process exited (code {code})"), cb)
              for rid, cb in orphans.items()]
         )  # fmt: skip
+        if not self._stopping and self._on_exit is not None:
+            try:
+                self._on_exit(self._dead)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+
+    @property
+    def alive(self) -> bool:
+        with self._lock:
+            return self._dead is None
 
     @staticmethod
     def _deliver(calls: list[tuple[StreamDelta, Callback | None]]) -> None:

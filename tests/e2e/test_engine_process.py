@@ -14,7 +14,7 @@ import torch
 
 from inkling.processing import ProcessedPrompt
 from runtime import LLM, PromptInput, SamplingParams, StreamDelta
-from runtime.engine_process import EngineProcess
+from runtime.engine_process import EngineGone, EngineProcess
 
 TIMEOUT = 120  # seconds for a delta: the child shares this machine's cores with the test
 
@@ -104,22 +104,26 @@ def test_a_load_error_is_raised_with_its_cause(tmp_path):
 
 
 def test_a_dead_child_ends_its_requests_and_refuses_more(engine_f32):
-    ep = EngineProcess(engine_f32[1])
+    exits: queue.Queue = queue.Queue()
+    ep = EngineProcess(engine_f32[1], on_exit=exits.put)
     got: queue.Queue = queue.Queue()
     ep.submit("doomed", PromptInput(torch.arange(11, 40)), SamplingParams(max_tokens=200), got.put)
     assert got.get(timeout=TIMEOUT).finish_reason is None
     ep.proc.send_signal(signal.SIGKILL)
     last = collect(got, 1)["doomed"]
     assert last.finish_reason == "error" and "exited" in last.error
-    with pytest.raises(RuntimeError, match="engine process is gone"):
+    assert "code -9" in exits.get(timeout=TIMEOUT) and not ep.alive
+    with pytest.raises(EngineGone, match="engine process is gone"):
         ep.submit("late", PromptInput(torch.tensor([11])), SamplingParams(max_tokens=2), got.put)
     ep.shutdown()
 
 
 def test_shutdown_aborts_what_is_in_flight(engine_f32):
-    ep = EngineProcess(engine_f32[1])
+    exits: queue.Queue = queue.Queue()
+    ep = EngineProcess(engine_f32[1], on_exit=exits.put)
     got: queue.Queue = queue.Queue()
     ep.submit("cut", PromptInput(torch.arange(11, 40)), SamplingParams(max_tokens=200), got.put)
     assert got.get(timeout=TIMEOUT).finish_reason is None
     ep.shutdown()
     assert collect(got, 1)["cut"].finish_reason == "abort" and ep.proc.returncode == 0
+    assert exits.empty()  # a shutdown is not a death

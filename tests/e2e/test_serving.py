@@ -11,6 +11,7 @@ import base64
 import importlib.util
 import io
 import json
+import os
 import queue
 import re
 import signal
@@ -130,6 +131,9 @@ def grpc_stream(url: str, requests: list[tuple[str, list]], timeout: float = 120
 def join(deltas: list) -> tuple[str, list[int], str]:
     parts = [result(r) for r in deltas]
     return "".join(p[0] for p in parts), [t for p in parts for t in p[1]], parts[-1][2]
+
+
+METRICS_LAG_S = 0.3  # `inkling` publishes its gauges every 0.1 s
 
 
 def metrics(server) -> dict[str, float]:
@@ -303,6 +307,38 @@ def test_cancelled_stream_frees_its_blocks(server):
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: the `ensemble_unary` BLS does not learn that its client cancelled while inkling "
+    "generates, so the request runs to its end. A try in session 10 polled request.is_cancelled() while "
+    "a thread read the BLS stream: the poll never ran, and the stub's threads stopped at the client's "
+    "cancel (Triton 2.51; not understood)",
+)
+def test_cancelled_unary_call_frees_its_blocks(server):
+    """A unary call (ensemble_unary: inkling answers once, at the end) cancelled by its client: the BLS
+    notices while it waits and aborts inkling's request, long before its LONG tokens."""
+    stat = lambda: metrics(server)['inkling_engine_stats{stat="generated_tokens"}']  # noqa: E731
+    time.sleep(METRICS_LAG_S)
+    before = stat()
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
+    try:
+        ctx = client.async_infer(
+            "ensemble_unary",
+            inputs(grpcclient, PROMPTS[0], max_tokens=LONG),
+            lambda result, error: got.put((result, error)),
+        )
+        assert wait_held(server) > 0
+        ctx.cancel()
+        res, err = got.get(timeout=30)
+        assert res is None and "cancel" in str(err).lower()
+        assert wait_released(server) == {"held": 0, "running": 0}
+    finally:
+        client.close()
+    time.sleep(METRICS_LAG_S)
+    assert stat() - before < LONG / 2  # aborted, not run to its end
+
+
 CLIENT = """
 import sys, numpy as np, tritonclient.grpc as g
 c = g.InferenceServerClient(sys.argv[1])
@@ -466,14 +502,15 @@ def test_bad_streaming_request_ends_its_stream_with_an_error(server):
 def test_metrics_endpoint(server):
     """Triton's own counters, and the engine's: a request of 2 tokens moves its step and token totals."""
     stat = lambda m, name: m[f'inkling_engine_stats{{stat="{name}"}}']  # noqa: E731
+    time.sleep(METRICS_LAG_S)  # the gauges are published every 0.1 s: the last test's tokens are in
     before = metrics(server)
     assert_serving(server)
-    deadline = time.monotonic() + 10  # the gauges are published every 0.1 s
-    while (
-        stat(m := metrics(server), "first_tokens") == stat(before, "first_tokens")
-        and time.monotonic() < deadline
-    ):
+    deadline = time.monotonic() + 10
+    while stat(metrics(server), "generated_tokens") < stat(before, "generated_tokens") + 2:
+        assert time.monotonic() < deadline, "the engine's totals did not move"
         time.sleep(0.05)
+    time.sleep(METRICS_LAG_S)
+    m = metrics(server)
     assert 'nv_inference_request_success{model="ensemble_unary",version="1"}' in m["_text"]
     assert 'inkling_kv_cache_blocks{kv_cache_block_type="total"}' in m["_text"]
     assert stat(m, "first_tokens") == stat(before, "first_tokens") + 1
@@ -500,3 +537,62 @@ def test_repository_carries_the_engine_options(engine_f32, tmp_path):
     cfg = ServeConfig(engine_dir=str(engine_f32[1]), work_dir=str(tmp_path), engine_process=False)
     text = (fill_repository(cfg, tmp_path / "repo2") / "inkling" / "config.pbtxt").read_text()
     assert 'key: "engine_process" value: { string_value: "0" }' in text
+
+
+# The engine process dies: its requests end with an error, a new one serves (keep this test last: it
+# restarts the module's engine).
+def engine_processes(server) -> list[int]:
+    """The pids of `runtime.engine_process` children under this server's process tree."""
+
+    def parent(pid: int) -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"runtime.engine_process" not in f.read():
+                    continue
+            pid = up = int(entry)
+            while up > 1 and up != server.process.pid:
+                up = parent(up)
+        except (OSError, ValueError, IndexError):
+            continue
+        if up == server.process.pid:
+            found.append(pid)
+    return found
+
+
+def test_a_dead_engine_process_is_replaced(server, expected):
+    (pid,) = engine_processes(server)
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        client.async_stream_infer("ensemble", inputs(grpcclient, PROMPTS[0], max_tokens=LONG, stream=True))
+        res, err = got.get(timeout=60)
+        assert err is None
+        os.kill(pid, signal.SIGKILL)
+        while err is None:  # the stream's remaining deltas, then its error
+            res, err = got.get(timeout=60)
+        assert "engine process exited" in str(err)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    deadline = time.monotonic() + 120
+    while True:  # UNAVAILABLE until the new engine serves
+        http = httpclient.InferenceServerClient(server.cfg.http_url)
+        try:
+            out = result(http.infer("ensemble_unary", inputs(httpclient, PROMPTS[0])))
+            break
+        except InferenceServerException as e:
+            assert "restarting" in str(e), e
+            assert time.monotonic() < deadline, "no new engine process within 120 s"
+            time.sleep(1)
+        finally:
+            http.close()
+    assert out == expected[0]
+    assert engine_processes(server) not in ([], [pid]) and server.process.poll() is None

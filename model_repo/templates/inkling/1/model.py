@@ -8,13 +8,16 @@ the sender falls behind, the deltas of a request queued by then go out as one re
 request's first delta: the first token goes out alone); a request with `stream` false gets one
 response at its end. The sender also notices cancelled requests (client cancel or disconnect) and
 aborts them in the runtime, which frees their cache blocks at once, and publishes the cache statistics
-as gauges on Triton's metrics endpoint. An engine built with tp_size N runs on N ranks: the LLM inside
-the engine is rank 0 and starts the other N-1 as worker processes (runtime/distributed.py); `finalize`
-stops them.
+as gauges on Triton's metrics endpoint. If the engine process dies, its requests in flight end with an
+error and another one is started; until it serves, execute() answers UNAVAILABLE. An engine built with
+tp_size N runs on N ranks: the LLM inside the engine is rank 0 and starts the other N-1 as worker
+processes (runtime/distributed.py); `finalize` stops them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import queue
 import threading
 import time
@@ -40,11 +43,12 @@ from model_repo.tensors import (
     text,
 )
 from runtime import EngineLoop, PromptInput, SamplingParams, StreamDelta
-from runtime.engine_process import EngineProcess
+from runtime.engine_process import EngineGone, EngineProcess
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_S = 0.05  # how often a stream's cancellation is polled (an IPC round trip)
 METRICS_PERIOD_S = 0.1
+RESTART_TRIES, RESTART_BACKOFF_S = 3, 2.0  # a dead engine process: new ones tried, seconds between (× try)
 CACHE_GAUGES = ("free_blocks", "used_blocks", "evictable_blocks", "total_blocks")
 REQUEST_GAUGES = ("running", "waiting")
 # The engine's running totals: its steps, the host's seconds inside them, the tokens they computed,
@@ -69,6 +73,7 @@ class InFlight:
     pending: StreamDelta | None = None  # not streamed: the deltas so far, merged
     checked_at: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    responded: bool = False  # a response has gone out
 
 
 class TritonPythonModel:
@@ -86,8 +91,12 @@ class TritonPythonModel:
             cuda_graphs=switch[parameter(cfg, "cuda_graphs", "auto")],
             overlap=switch[parameter(cfg, "overlap", "auto")],
         )
+        self.finalizing = False
         if parameter(cfg, "engine_process", "1") == "1":
-            self.loop = EngineProcess(engine_dir, num_threads=num_threads, **options)
+            self.new_engine = functools.partial(
+                EngineProcess, engine_dir, num_threads=num_threads, on_exit=self._engine_exited, **options
+            )
+            self.loop = self.new_engine()
         else:
             if num_threads:
                 torch.set_num_threads(num_threads)
@@ -123,6 +132,8 @@ class TritonPythonModel:
                     raise
             except (RequestError, ValueError) as e:
                 sender.send(error(str(e)), flags=FINAL)
+            except EngineGone as e:  # a new engine process is on its way (_engine_exited)
+                sender.send(error(f"{e}; restarting it", pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
             except Exception as e:  # a bad request must never take the model down
                 sender.send(error(f"inkling failed: {type(e).__name__}: {e}"), flags=FINAL)
         return None
@@ -170,6 +181,26 @@ class TritonPythonModel:
             raise RequestError("mm_embeds hold non-finite values")
         rows = torch.from_numpy(np.ascontiguousarray(embeds, dtype=np.float32)).to(self.dtype)
         return PromptInput(prompt.input_ids, rows, torch.from_numpy(positions.astype(np.int64)))
+
+    def _engine_exited(self, reason: str) -> None:
+        """The engine process died (its requests in flight have had their errors): start another, on a
+        thread of its own, while execute() answers UNAVAILABLE. A few tries, then the model stays down."""
+        pb_utils.Logger.log_error(f"inkling: the engine process exited ({reason}); starting another")
+
+        def restart() -> None:
+            for attempt in range(1, RESTART_TRIES + 1):
+                if self.finalizing:
+                    return
+                try:
+                    old, self.loop = self.loop, self.new_engine()
+                    old.shutdown(timeout=1)
+                    pb_utils.Logger.log_info(f"inkling: a new engine process is serving (try {attempt})")
+                    return
+                except Exception as e:  # noqa: BLE001
+                    pb_utils.Logger.log_error(f"inkling: restart {attempt} of {RESTART_TRIES} failed: {e}")
+                    time.sleep(RESTART_BACKOFF_S * attempt)
+
+        threading.Thread(target=restart, name="inkling-restart", daemon=True).start()
 
     def _abort(self, triton_id: str) -> None:
         with self.lock:
@@ -240,12 +271,21 @@ class TritonPythonModel:
                 return
         if d.finish_reason is None:
             req.sender.send(self._response(d))
+            req.responded = True
         elif req.cancelled or req.sender.is_cancelled():
             req.sender.send(flags=FINAL)  # the client is gone: nothing to say
         elif d.finish_reason == "rejected":  # a request the engine cannot serve
             req.sender.send(error(d.error or "request rejected"), flags=FINAL)
-        elif d.finish_reason == "error":
+        elif d.finish_reason == "error" and not req.responded:
             req.sender.send(error(d.error or "generation failed", pb_utils.TritonError.INTERNAL), flags=FINAL)
+        elif d.finish_reason == "error":
+            # After responses have gone out, an error response does not reach a BLS caller (Triton 2.51:
+            # the `ensemble` relay waited for it forever), so the stream ends with a response whose
+            # finish_reason is "error" and whose text_output is the reason; the pipeline turns it into
+            # an error for its client.
+            req.sender.send(
+                self._response(dataclasses.replace(d, text=d.error or "generation failed")), flags=FINAL
+            )
         else:
             req.sender.send(self._response(d), flags=FINAL)
 
@@ -308,6 +348,7 @@ class TritonPythonModel:
             gauge.set(float(stats.get(key, 0)))
 
     def finalize(self) -> None:
+        self.finalizing = True
         self.loop.shutdown()
         self.outbox.put(None)
         self.sender.join(5)
