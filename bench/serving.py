@@ -23,6 +23,7 @@ import statistics
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -194,10 +195,11 @@ def main() -> None:
     llm.generate(prompts(1), SamplingParams(max_tokens=2))  # warm-up
     startup = {}
     with contextlib.ExitStack() as stack:
-        paths = {}  # name -> (batch size -> run)
-        paths["in-process LLM.generate"] = lambda n: functools.partial(
-            in_process, llm, prompts(n), args.max_tokens
-        )
+        paths = {  # name -> (batch size -> one timed run)
+            "in-process LLM.generate": lambda n: functools.partial(
+                in_process, llm, prompts(n), args.max_tokens
+            )
+        }
         for mode in args.engine_modes:  # every server up at once; an idle one takes no CPU
             cfg = ServeConfig(
                 engine_dir=args.engine,
@@ -213,16 +215,7 @@ def main() -> None:
             stack.enter_context(TritonServer(cfg, log_path=log_path))
             startup[mode] = time.perf_counter() - t0
             triton_streams(cfg.grpc_url, prompts(1), 2)  # warm-up
-            paths[f"Triton gRPC streams (ensemble), engine {mode}"] = lambda n, c=cfg: functools.partial(
-                measured,
-                c.metrics_url,
-                functools.partial(triton_streams, c.grpc_url, prompts(n), args.max_tokens),
-            )
-            paths[f"Triton HTTP unary (ensemble_unary), engine {mode}"] = lambda n, c=cfg: functools.partial(
-                measured,
-                c.metrics_url,
-                functools.partial(triton_unary, c.http_url, prompts(n), args.max_tokens),
-            )
+            paths |= served_paths(cfg, mode, args.max_tokens)
         rows = []
         for n in args.requests:
             runs = {name: make(n) for name, make in paths.items()}
@@ -238,6 +231,25 @@ def main() -> None:
                     results[name].append(run())
             rows += [(n, name, report(n, name, median(got))) for name, got in results.items()]
     write(args, rows, startup)
+
+
+def served_paths(cfg: ServeConfig, mode: str, max_tokens: int) -> dict[str, Callable[[int], Callable]]:
+    """One server's paths: name -> (batch size -> one timed run, with the relay's and engine's figures)."""
+
+    def streams(n: int) -> Callable:
+        return functools.partial(
+            measured, cfg.metrics_url, functools.partial(triton_streams, cfg.grpc_url, prompts(n), max_tokens)
+        )
+
+    def unary(n: int) -> Callable:
+        return functools.partial(
+            measured, cfg.metrics_url, functools.partial(triton_unary, cfg.http_url, prompts(n), max_tokens)
+        )
+
+    return {
+        f"Triton gRPC streams (ensemble), engine {mode}": streams,
+        f"Triton HTTP unary (ensemble_unary), engine {mode}": unary,
+    }
 
 
 def median(runs: list[dict]) -> dict:

@@ -161,15 +161,7 @@ class EngineProcess:
                 break
             with self._lock:
                 self._stats = stats
-                calls = [
-                    (
-                        d,
-                        self._callbacks.pop(d.request_id, None)
-                        if d.finish_reason
-                        else self._callbacks.get(d.request_id),
-                    )
-                    for d in deltas
-                ]
+                calls = [(d, self._callback_for(d)) for d in deltas]
             self._deliver(calls)
             if kind == "stopped":
                 break
@@ -186,6 +178,12 @@ class EngineProcess:
                 self._on_exit(self._dead)
             except Exception:  # noqa: BLE001
                 traceback.print_exc()
+
+    def _callback_for(self, d: StreamDelta) -> Callback | None:
+        """The callback of d's request; a final delta's request is forgotten (call with the lock held)."""
+        if d.finish_reason is not None:
+            return self._callbacks.pop(d.request_id, None)
+        return self._callbacks.get(d.request_id)
 
     @property
     def alive(self) -> bool:
@@ -220,23 +218,22 @@ def serve(conn: Connection, llm_args: dict) -> None:
         conn.send_bytes(pickle.dumps((kind, deltas, engine.cache_stats()), protocol=pickle.HIGHEST_PROTOCOL))
 
     conn.send_bytes(pickle.dumps(("ready", engine.cache_stats())))
-    running = True
     try:
-        while running:
+        while True:
             out: list[StreamDelta] = []
             busy = engine.has_unfinished()
             # Idle: sleep until the parent writes. Busy: take what has come, without waiting.
             while conn.poll(0 if busy else None):
                 message = pickle.loads(conn.recv_bytes())
                 if message[0] == "stop":
-                    running = False
-                    break
+                    send("stopped", out + _abort_all(engine))
+                    return
                 out += _handle(engine, message)
                 busy = True
-            if running and engine.has_unfinished():
+            if engine.has_unfinished():
                 out += engine.step()
-            if out or not running:
-                send("step" if running else "stopped", out + (_abort_all(engine) if not running else []))
+            if out:
+                send("step", out)
     except (EOFError, OSError):
         pass  # the parent is gone
     finally:
