@@ -103,12 +103,19 @@ def test_a_load_error_is_raised_with_its_cause(tmp_path):
         EngineProcess(tmp_path)
 
 
-def test_a_dead_child_ends_its_requests_and_refuses_more(engine_f32):
+def generating(engine_dir, rid: str) -> tuple[EngineProcess, queue.Queue, queue.Queue]:
+    """A fresh EngineProcess with request `rid` under way (its first delta out): the process, the
+    request's deltas, and the reasons its on_exit got."""
     exits: queue.Queue = queue.Queue()
-    ep = EngineProcess(engine_f32[1], on_exit=exits.put)
+    ep = EngineProcess(engine_dir, on_exit=exits.put)
     got: queue.Queue = queue.Queue()
-    ep.submit("doomed", PromptInput(torch.arange(11, 40)), SamplingParams(max_tokens=200), got.put)
+    ep.submit(rid, PromptInput(torch.arange(11, 40)), SamplingParams(max_tokens=200), got.put)
     assert got.get(timeout=TIMEOUT).finish_reason is None
+    return ep, got, exits
+
+
+def test_a_dead_child_ends_its_requests_and_refuses_more(engine_f32):
+    ep, got, exits = generating(engine_f32[1], "doomed")
     ep.proc.send_signal(signal.SIGKILL)
     last = collect(got, 1)["doomed"]
     assert last.finish_reason == "error" and "exited" in last.error
@@ -119,11 +126,7 @@ def test_a_dead_child_ends_its_requests_and_refuses_more(engine_f32):
 
 
 def test_shutdown_aborts_what_is_in_flight(engine_f32):
-    exits: queue.Queue = queue.Queue()
-    ep = EngineProcess(engine_f32[1], on_exit=exits.put)
-    got: queue.Queue = queue.Queue()
-    ep.submit("cut", PromptInput(torch.arange(11, 40)), SamplingParams(max_tokens=200), got.put)
-    assert got.get(timeout=TIMEOUT).finish_reason is None
+    ep, got, exits = generating(engine_f32[1], "cut")
     ep.shutdown()
     assert collect(got, 1)["cut"].finish_reason == "abort" and ep.proc.returncode == 0
     assert exits.empty()  # a shutdown is not a death
