@@ -196,6 +196,7 @@ class PipelineModel:
             if r.has_error():
                 raise StepError(r.error().message(), r.error().code())
             if r.output_tensors():  # else a bare final flag
+                _raise_if_failed(r)
                 got.append(r)
         if not got:
             raise StepError("inkling ended the stream without a response", pb_utils.TritonError.INTERNAL)

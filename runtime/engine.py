@@ -206,6 +206,21 @@ class LLMEngine:
                 "heads" + ("" if self.runner.num_heads else " (built without heads or with max_draft_len 0)")
             )
 
+    def try_add_request(
+        self, request_id: str, prompt: PromptInput, params: SamplingParams
+    ) -> StreamDelta | None:
+        """add_request for servers: a request the engine refuses comes back as its one delta (finish_reason
+        "rejected", the reason in `error`) instead of raising ValueError; None when it was added."""
+        try:
+            self.add_request(request_id, prompt, params)
+        except ValueError as e:
+            return StreamDelta(request_id, "", [], "rejected", len(prompt.input_ids), 0, error=str(e))
+        return None
+
+    def abort_all(self) -> list[StreamDelta]:
+        """Abort every request (abort_request), returning their final deltas."""
+        return [d for rid in list(self.requests) if (d := self.abort_request(rid)) is not None]
+
     def abort_request(self, request_id: str) -> StreamDelta | None:
         """Cancel: frees its blocks and slot at once. Returns its final delta (None if unknown)."""
         state = self.requests.pop(request_id, None)

@@ -226,7 +226,7 @@ def serve(conn: Connection, llm_args: dict) -> None:
             while conn.poll(0 if busy else None):
                 message = pickle.loads(conn.recv_bytes())
                 if message[0] == "stop":
-                    send("stopped", out + _abort_all(engine))
+                    send("stopped", out + engine.abort_all())
                     return
                 out += _handle(engine, message)
                 busy = True
@@ -241,20 +241,10 @@ def serve(conn: Connection, llm_args: dict) -> None:
 
 
 def _handle(engine, message: tuple) -> list[StreamDelta]:
+    """An "add" or "abort" from the parent: the deltas it ends with at once (a rejection, an abort)."""
     kind, rid, *rest = message
-    if kind == "abort":
-        delta = engine.abort_request(rid)
-        return [delta] if delta is not None else []
-    prompt, params = rest
-    try:
-        engine.add_request(rid, prompt, params)
-    except ValueError as e:
-        return [StreamDelta(rid, "", [], "rejected", len(prompt.input_ids), 0, error=str(e))]
-    return []
-
-
-def _abort_all(engine) -> list[StreamDelta]:
-    return [d for rid in list(engine.requests) if (d := engine.abort_request(rid)) is not None]
+    delta = engine.abort_request(rid) if kind == "abort" else engine.try_add_request(rid, *rest)
+    return [] if delta is None else [delta]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -230,11 +230,11 @@ class EngineLoop:
                 return
             if item[0] == "add":
                 _, rid, prompt, params, cb = item
-                try:
-                    self.engine.add_request(rid, prompt, params)
+                rejected = self.engine.try_add_request(rid, prompt, params)
+                if rejected is None:
                     self._callbacks[rid] = cb
-                except ValueError as e:
-                    cb(StreamDelta(rid, "", [], "rejected", len(prompt.input_ids), 0, error=str(e)))
+                else:
+                    cb(rejected)
             else:
                 delta = self.engine.abort_request(item[1])
                 cb = self._callbacks.pop(item[1], None)
@@ -260,8 +260,7 @@ class EngineLoop:
                 self._wake.wait(0.05)
                 self._wake.clear()
         with self._lock:
-            for rid in list(self.engine.requests):
-                self.engine.abort_request(rid)
+            self.engine.abort_all()
 
 
 def time_generation(llm: LLM, prompts: Sequence[PromptLike], params: SamplingParams) -> dict[str, float]:
