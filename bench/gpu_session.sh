@@ -12,6 +12,7 @@
 #     bash bench/gpu_session.sh overlap     # 1 GPU: overlapped steps (engine test, e2e batch 1 on/off, 64)
 #     bash bench/gpu_session.sh e2e-overlap # 1 GPU: the same without the engine test
 #     bash bench/gpu_session.sh tp-tests    # 2 GPUs: the tensor-parallel tests only
+#     bash bench/gpu_session.sh tp-bench    # 2 GPUs: bench.tp tp 2 with overlapped steps only
 #     bash bench/gpu_session.sh x2          # 2 GPUs: tp-tests, then bench.tp tp 2 (Lamport); beside them on
 #                                           #   GPU 1: the attention GPU sweeps, the sampling test, bench.load
 #     bash bench/gpu_session.sh serving     # 1 GPU: e2e batches 1 and 8 (compiled), then Triton vs in-process
@@ -117,6 +118,11 @@ attn-e2e)
         --batches 1,64 --decode_budget_s 25 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
     pack attn-e2e
     ;;
+tp-bench)
+    # bench.tp alone, tp 2 with overlapped steps (the tests that gate them passed on 2026-11-30)
+    run bench_tp 540 python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
+        --collectives triton --work /tmp/tp --out "$OUT/tp" --tp_overlap
+    ;;
 tp | tp-tests)
     if [ "$1" = tp ]; then
         run bench_tp 240 python3 -m bench.tp --preset inkling-bench --layers 2 --tp 2 --cuda_graphs \
@@ -208,7 +214,7 @@ compile)
     pack compile
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick}" >&2
     exit 2
     ;;
 esac

@@ -40,7 +40,9 @@ def build_engine(args: argparse.Namespace, config, tp_size: int):
         max_batch_size=1, max_input_len=args.context, max_seq_len=args.context + args.tokens,
         max_num_tokens=args.context, dtype="bfloat16" if args.device == "cuda" else "float32",
         device=args.device, tp_size=tp_size,
-        plugin_config=PluginConfig(tune=args.device == "cuda", collectives=args.collectives),
+        plugin_config=PluginConfig(
+            tune=args.device == "cuda", tune_max_tokens=args.tune_max_tokens, collectives=args.collectives
+        ),
     )  # fmt: skip
     tensors = iter_synthetic_tensors(config, args.seed, args.device)
     engine, seconds = timed(lambda: build(tensors, bc, config=config))
@@ -98,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--collectives", default="auto", help="auto (NCCL/gloo) or triton (the Lamport kernel, CUDA)"
+    )
+    ap.add_argument(
+        "--tune_max_tokens",
+        type=int,
+        default=8,
+        help="tune the MoE tiles of decode-sized buckets only (batch 1 here; prefill keeps the defaults)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(

@@ -44,23 +44,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             )
             continue
         ap.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
-    for f in dataclasses.fields(PluginConfig):
-        kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(f.default, bool) else str
-        ap.add_argument(
-            f"--{f.name}_plugin" if not isinstance(f.default, bool) else f"--{f.name}",
-            type=kind,
-            default=f.default,
+    for f in dataclasses.fields(PluginConfig):  # an op's impl is --NAME_plugin; a setting is --NAME
+        kind = (
+            (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(f.default, bool) else type(f.default)
         )
+        ap.add_argument(_plugin_flag(f), type=kind, default=f.default)
     return ap.parse_args(argv)
+
+
+def _plugin_flag(f: dataclasses.Field) -> str:
+    return f"--{f.name}_plugin" if isinstance(f.default, str) else f"--{f.name}"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plugin = PluginConfig(
-        **{
-            f.name: getattr(args, f"{f.name}_plugin" if not isinstance(f.default, bool) else f.name)
-            for f in dataclasses.fields(PluginConfig)
-        }
+        **{f.name: getattr(args, _plugin_flag(f)[2:]) for f in dataclasses.fields(PluginConfig)}
     )
     fields = {
         f.name: getattr(args, f.name) for f in dataclasses.fields(BuildConfig) if f.name != "plugin_config"

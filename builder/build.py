@@ -267,7 +267,7 @@ def tune_plugins(config, bc, impls, weights, log) -> dict:
             return (x, w[f"{p}.router.weight"], *packed, w[f"{p}.shared_w13"], w[f"{p}.shared_w2"],
                     config.num_routed_experts, config.num_experts_per_tok)  # fmt: skip
 
-        out["expert_sink_moe"] = tune(make_inputs, log=log)
+        out["expert_sink_moe"] = tune(make_inputs, max_tokens=bc.plugin_config.tune_max_tokens, log=log)
     return out
 
 

@@ -36,6 +36,9 @@ class PluginConfig:
     collectives: str = "auto"
     fuse_sconv_kv_write: bool = True
     tune: bool = True  # time the Triton kernels' tile choices at build time (CUDA engines)
+    # tune only the token buckets sampled at no more than this many tokens (the others keep the default
+    # tiles): a decode-only benchmark spends seconds instead of minutes in the prefill buckets
+    tune_max_tokens: int = 1 << 30
 
     def __post_init__(self) -> None:
         for name in PLUGINS:
@@ -43,6 +46,7 @@ class PluginConfig:
             _require(
                 value in ("auto", "reference", "triton"), f"plugin_config.{name}: unknown impl {value!r}"
             )
+        _require(self.tune_max_tokens >= 1, "plugin_config.tune_max_tokens must be at least 1")
         _require(
             self.collectives in ("auto", "reference", "triton"),
             f"plugin_config.collectives: unknown impl {self.collectives!r}",

@@ -321,16 +321,22 @@ def tune(
     make_inputs,
     token_buckets=(1, 16, 128, 1024, 1 << 30),
     sample_tokens=(1, 8, 64, 512, 4096),
+    max_tokens: int = 1 << 30,
     log=print,
 ) -> dict:
     """Time the candidate configs on the GPU and return a table for select_config (JSON-able).
 
     make_inputs(T) -> the positional arguments of expert_sink_moe (without config) for T tokens.
     Each bucket is tuned at its sample T; batch-1 decode has a bucket of its own, since at T = 8 another
-    candidate may win. Candidates fix both GEMMs' tiles.
+    candidate may win. Candidates fix both GEMMs' tiles. A bucket sampled above `max_tokens` keeps the
+    default tiles, untimed.
     """
     table = {"version": 1, "buckets": []}
-    for max_tokens, T in zip(token_buckets, sample_tokens):
+    for bucket_max, T in zip(token_buckets, sample_tokens):
+        if T > max_tokens:
+            log(f"tune T={T}: not tuned (tune_max_tokens {max_tokens}), default tiles")
+            table["buckets"].append({**select_config(None, T), "max_tokens": bucket_max})
+            continue
         args = make_inputs(T)
         want = expert_sink_moe(*args, config=select_config(None, T)).float()
         best, best_ms = None, float("inf")
@@ -348,7 +354,7 @@ def tune(
             log(f"tune T={T} {json.dumps(cfg)}: {ms * 1e3:.1f} us")
             if ms < best_ms:
                 best, best_ms = cfg, ms
-        table["buckets"].append({"max_tokens": max_tokens, **best})
+        table["buckets"].append({"max_tokens": bucket_max, **best})
     return table
 
 

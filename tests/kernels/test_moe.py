@@ -253,6 +253,19 @@ def test_select_config_buckets():
     assert moe_launcher.parse_table(json.dumps(table)) == table
 
 
+def test_tune_leaves_buckets_above_max_tokens_at_their_defaults():
+    """tune_max_tokens: a bucket sampled above it is neither built nor timed, and keeps the default tiles
+    for its sample size (here every bucket, so no GPU is needed)."""
+    sampled = []
+    table = moe_launcher.tune(lambda T: sampled.append(T), max_tokens=0, log=lambda _: None)
+    assert sampled == []
+    samples = (1, 8, 64, 512, 4096)
+    for bucket, T in zip(table["buckets"], samples):
+        want = {k: v for k, v in moe_launcher.select_config(None, T).items() if k != "max_tokens"}
+        assert {k: v for k, v in bucket.items() if k != "max_tokens"} == want
+    assert [b["max_tokens"] for b in table["buckets"]] == [1, 16, 128, 1024, 1 << 30]
+
+
 # ---------------------------------------------------------------------------------------- GPU
 
 

@@ -97,3 +97,14 @@ def test_config_is_frozen():
     odd = c.replace(layer_types=["full_attention"] * 6)
     with pytest.raises(ConfigError, match="layer_types has 6 entries for 2 layers"):
         odd.replace(num_hidden_layers=2)
+
+
+def test_builder_cli_plugin_flags():
+    """An op's impl is --NAME_plugin, a plugin setting is --NAME with its own type."""
+    from builder.__main__ import parse_args
+
+    args = parse_args(
+        ["--checkpoint_dir", "c", "--output_dir", "o", "--expert_sink_moe_plugin", "reference",
+         "--tune", "false", "--tune_max_tokens", "8"]
+    )  # fmt: skip
+    assert (args.expert_sink_moe_plugin, args.tune, args.tune_max_tokens) == ("reference", False, 8)
