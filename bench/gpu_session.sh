@@ -24,6 +24,8 @@
 #                                           #   before tp 2 needs it) the MoE GEMV GPU tests, bench/moe.py, e2e batch 1
 #     bash bench/gpu_session.sh moe-ncu     # 1 GPU: Nsight Compute on the MoE kernels at T = 1 (tensor cores, GEMV)
 #                                           #   (needs the .carry/ wheels, see BENCHMARKS "Serving on the GPU")
+#     bash bench/gpu_session.sh moe-e2e     # 1 GPU: the MoE decode candidates' GPU test at T = 1 and their times,
+#                                           #   then e2e-compiled (batches 1..64)
 #     bash bench/gpu_session.sh compile     # 1 GPU: e2e batches 1 and 8 as the runtime runs it, then with the step
 #                                           #   program torch.compile'd (Inductor fuses the small ops), profiled
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
@@ -205,6 +207,15 @@ moe-decode)
         --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
     pack moe-decode
     ;;
+moe-e2e)
+    # the MoE decode candidates (one-load amax, two warpgroups, 4 stages) on the GPU at batch 1, their
+    # routed GEMMs timed alone, then the e2e-compiled run with the tuned table (batches 1, 8, 32, 64)
+    run moe_test 90 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "decode_kernels_bf16 and 1]"
+    run moe_decode 100 python3 bench/moe.py --decode-kernels 1,8 --out "$OUT/moe"
+    run e2e 370 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
+        --batches 1,8,32,64 --decode_budget_s 10 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
+    pack moe-e2e
+    ;;
 compile)
     run e2e 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
         --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
@@ -214,7 +225,7 @@ compile)
     pack compile
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e}" >&2
     exit 2
     ;;
 esac

@@ -354,16 +354,19 @@ def launch_only(T: int) -> None:
 
 
 def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
-    """Every decode candidate of tune() (routed kernel mma, gemv or bd; shared experts on the Triton
-    path) at T tokens: the whole op's error against the reference, and its routed GEMMs timed alone
-    (CUDA-graph replays) against their bytes over the bandwidth. Writes decode_kernels.json."""
+    """Every block-diagonal (bd) decode candidate of tune() (shared experts on the Triton path) at T
+    tokens: the whole op's error against the reference, and its routed GEMMs timed alone (CUDA-graph
+    replays) against their bytes over the bandwidth. Writes decode_kernels.json. (The mma and GEMV
+    candidates were 1.3-2.7x slower in session 8's run of this, BENCHMARKS.md.)"""
     layer = make_layer()
     rows = []
     for T in tokens:
         args = op_args(layer, T, seed=T)
         want = torch.ops.inkling.expert_sink_moe(*args, "", "reference").float()
         n_exp = experts_touched(args[0], args[1])
-        for cfg in [c for c in moe_launcher._candidates(T) if c.get("shared", "triton") == "triton"]:
+        for cfg in [
+            c for c in moe_launcher._candidates(T) if c.get("kernel") == "bd" and c["shared"] == "triton"
+        ]:
             try:
                 y = moe_launcher.expert_sink_moe(*args, config=cfg).float()
                 err = float((y - want).norm() / want.norm())
