@@ -230,7 +230,6 @@ def moe_bd_kernel(
     STACK_GU: tl.constexpr = False,  # GEMM 1: gate and up rows in one dot of 2 * BLOCK_N rows
     K_MAJOR_A: tl.constexpr = False,  # 1-row blocks: build the activation operand as [C, 2W], then transpose
     ONE_DOT: tl.constexpr = False,  # the four nibble pieces of a K step in one dot of K = BLOCK_K
-    AMAX_K: tl.constexpr = 0,  # 1-row blocks: a power of two >= K reads the row's range in ONE load
 ):
     """The decode form of moe_gemm_kernel on tensor cores (same blocks, same outputs).
 
@@ -299,13 +298,7 @@ def moe_bd_kernel(
         s_mask = r_mask[:, None] & (offs_c // BLOCK_M < KB)[None, :]
     # fp16 holds |a| < 65504: a row whose largest |value| reaches 2^15 goes to the dot scaled down by a
     # power of two (exact), and its sums are scaled back up in float32. Rows in range are left as they are.
-    if BLOCK_M == 1 and AMAX_K > 0:
-        # one load of the whole row (a single round trip before the main loop, where the loop below
-        # waits for one load per step)
-        offs_a = tl.arange(0, AMAX_K)
-        amax = tl.abs(tl.load(a_ptr + a_row0 + offs_a, mask=offs_a < K, other=0.0).to(tl.float32))
-        shift = tl.maximum(tl.ceil(tl.log2(tl.maximum(tl.max(amax, axis=0), 1.0))) - 15.0, 0.0)
-    elif BLOCK_M == 1:
+    if BLOCK_M == 1:
         amax = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             amax = tl.maximum(

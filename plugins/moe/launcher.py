@@ -108,7 +108,6 @@ def _gemm(
             STACK_GU=bool(cfg.get("stack_gu", False)),
             K_MAJOR_A=bool(cfg.get("k_major_a", False)),
             ONE_DOT=bool(cfg.get("one_dot", False)),
-            AMAX_K=triton.next_power_of_2(K) if cfg.get("one_load_amax") else 0,
             **tiles,
         )
     else:
@@ -299,26 +298,23 @@ def _candidates(T: int) -> list[dict]:
         # the block-diagonal decode kernel on tensor cores (block_k // 16 * block_m >= 16 fills its dot);
         # `stack_gu`: GEMM 1's gate and up rows in one dot per step; `k_major_a`: the 1-row activation
         # operand built K-contiguous; `one_dot`: the step's four nibble pieces in one dot (one operand
-        # build, barrier and wgmma wait per step); `one_load_amax`: the row's range read in one load
-        # before the main loop. H200, inkling-bench, routed GEMMs alone (2026-11-30, bench/moe.py
-        # --decode-kernels): T = 1 GEMM 1 plain 71.8 us, stack_gu + k_major_a 63.3, stack_gu + one_dot
-        # 54.3; GEMM 2 plain 43.7, k_major_a 38.1, one_dot 41.6 (whole op in tune: 199.3, 186.6, 176.2 us
-        # with GEMM 2 on k_major_a). Also measured and dropped: 8 warps on 64 rows, 2 stages, block_n 32,
-        # 2-row blocks (all slower at T = 1 and 8). Two warpgroups (8 warps on GEMM 1's 128 stacked rows)
-        # and 4 stages are candidates.
+        # build, barrier and wgmma wait per step). H200, inkling-bench, routed GEMMs alone (2026-11-30,
+        # bench/moe.py --decode-kernels): T = 1 GEMM 1 plain 71.8 us, stack_gu + k_major_a 63.3,
+        # stack_gu + one_dot 54.3; GEMM 2 plain 43.7, k_major_a 38.1, one_dot 41.6. Also measured and
+        # dropped: 8 warps, 2 stages, block_n 32, 2-row blocks (all slower at T = 1 and 8). Session 11
+        # (bench/results/gpu-2026-11-30/s11/moe-e2e/): the activation row's range read in one load before
+        # the main loop 54.5 -> 53.9 us (noise), two warpgroups on the 128 stacked rows 73.3 us, GEMM 2
+        # with block_k 128 and 4 stages 45.5 us, 4 stages on GEMM 1 over the shared memory: all dropped.
         tile = {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3}
-        best1, best2 = {"stack_gu": True, "one_dot": True}, {"k_major_a": True}
-        amax = {"one_load_amax": True}
-        two_wg, stages4 = {"num_warps": 8}, {"num_stages": 4}
-        pairs = [
-            (best1, best2, ("triton", "torch")),
-            ({**best1, **amax}, {**best2, **amax}, ("triton",)),
-            ({**best1, **amax, **two_wg}, {**best2, **amax, **two_wg, "block_n": 128}, ("triton",)),
-            ({**best1, **amax, **stages4}, {**best2, **amax, **stages4}, ("triton",)),
-            ({**best1, **amax}, {**best2, **amax, "block_k": 128, "num_stages": 4}, ("triton",)),
-        ]
-        for g1, g2, shareds in pairs:
-            for shared in shareds:
+        plain, kmaj, one = {}, {"k_major_a": True}, {"one_dot": True}
+        stack = {"stack_gu": True}
+        for g1, g2 in [
+            (plain, plain),
+            ({**stack, **kmaj}, kmaj),
+            ({**stack, **one}, kmaj),
+            ({**stack, **one}, one),
+        ]:
+            for shared in ("triton", "torch"):
                 out.append({"block_m": 1, "kernel": "bd", "shared": shared,
                             "gemm1": {**tile, **g1}, "gemm2": {**tile, **g2}})  # fmt: skip
     return out

@@ -193,17 +193,17 @@ def test_triton_gemv_matches_reference(T, shared, block_m):
 
 
 @pytest.mark.parametrize(
-    "T, block_m, block_k, scale, stack, k_major, one_dot, one_load_amax",
+    "T, block_m, block_k, scale, stack, k_major, one_dot",
     [
-        (1, 1, 256, 2.0**17, False, False, False, False),
-        (2, 1, 256, 1.0, True, True, False, True),
-        (9, 2, 128, 1.0, True, False, False, False),
-        (3, 4, 64, 2.0**17, False, False, False, True),
-        (1, 1, 256, 2.0**17, True, False, True, True),
-        (9, 2, 128, 1.0, False, False, True, False),
+        (1, 1, 256, 2.0**17, False, False, False),
+        (2, 1, 256, 1.0, True, True, False),
+        (9, 2, 128, 1.0, True, False, False),
+        (3, 4, 64, 2.0**17, False, False, False),
+        (1, 1, 256, 2.0**17, True, False, True),
+        (9, 2, 128, 1.0, False, False, True),
     ],
 )
-def test_triton_bd_matches_reference(T, block_m, block_k, scale, stack, k_major, one_dot, one_load_amax):
+def test_triton_bd_matches_reference(T, block_m, block_k, scale, stack, k_major, one_dot):
     """The block-diagonal decode kernel on tensor cores: one to four rows a block, the dot's columns padded
     when K or the step is short (GEMM 2 reduces over I = 64 here). It hands the tensor cores fp16
     activations, so x holds fp16 values and only h's rounding to fp16 (GEMM 2's input) and float32
@@ -211,13 +211,12 @@ def test_triton_bd_matches_reference(T, block_m, block_k, scale, stack, k_major,
     itself runs a float32 network on the GEMV instead. At scale 2^17 every activation (and h) exceeds fp16's
     range, which the kernel's power-of-two row scaling must absorb. `stack`: GEMM 1's gate and up rows in
     one dot; `k_major`: the 1-row activation operand built K-contiguous; `one_dot`: a K step's four nibble
-    pieces in one dot (its own K order); `one_load_amax`: a 1-row block's range read in one load (rows of
-    several-row blocks keep the loop)."""
+    pieces in one dot (its own K order)."""
     c = TINY
     router, packed, sw13, sw2 = _layer(c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=20 + T)
     x = torch.randn(T, c["H"], generator=torch.Generator().manual_seed(T)).half().float().to(DEVICE) * scale
     g = {"block_n": 16, "block_k": block_k, "num_warps": 4, "num_stages": 2, "k_major_a": k_major,
-         "one_dot": one_dot, "one_load_amax": one_load_amax}  # fmt: skip
+         "one_dot": one_dot}  # fmt: skip
     cfg = {"block_m": block_m, "kernel": "bd", "gemm1": {**g, "stack_gu": stack}, "gemm2": dict(g)}
     args = _args(x, router, packed, sw13, sw2, c["E"], c["top_k"])
     y = moe_launcher.expert_sink_moe(*args[:-1], config=cfg)
