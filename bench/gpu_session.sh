@@ -208,8 +208,9 @@ moe-decode)
     pack moe-decode
     ;;
 moe-e2e)
-    # the MoE decode candidates (one-load amax, two warpgroups, 4 stages) on the GPU at batch 1, their
-    # routed GEMMs timed alone, then the e2e-compiled run with the tuned table (batches 1, 8, 32, 64)
+    # tune()'s MoE decode candidates on the GPU at batch 1 (their test), their routed GEMMs timed alone,
+    # then the e2e-compiled run with the tuned table (batches 1, 8, 32, 64). Session 11 ran it with four
+    # more candidates, since dropped (BENCHMARKS.md, MoE section).
     run moe_test 90 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "decode_kernels_bf16 and 1]"
     run moe_decode 100 python3 bench/moe.py --decode-kernels 1,8 --out "$OUT/moe"
     run e2e 370 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
