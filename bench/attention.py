@@ -50,6 +50,7 @@ DT = torch.bfloat16
 WORKLOADS = [
     # name, batch, q_len, kv_len, window
     ("decode B=1 KV 8K", 1, 1, 8192, 0),
+    ("decode B=1 KV 8K W4096", 1, 1, 8192, W),  # a sliding layer of the e2e's batch-1 step
     ("decode B=1 KV 128K", 1, 1, 131072, 0),
     ("decode B=1 KV 1M", 1, 1, 1048576, 0),
     ("decode B=32 KV 8K", 32, 1, 8192, 0),
@@ -161,7 +162,9 @@ def flex_peer(x, batch, q_len, kv_len, window, with_bias=True):
             ok = ok & (d < window)
         return ok
 
-    block_mask = create_block_mask(mask_mod, batch, None, q_len, kv_len, device=DEV) if (q_len > 1) else None
+    block_mask = (
+        create_block_mask(mask_mod, batch, None, q_len, kv_len, device=DEV) if (q_len > 1 or window) else None
+    )
     compiled = torch.compile(flex_attention, dynamic=False)
     holder = {}
 
@@ -253,7 +256,7 @@ def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: 
     pairs = batch * pairs_of(q_len, kv_len, window)
     flops_attn = 4 * HQ * D * pairs
     flops_rel = 2 * HQ * DR * pairs
-    kv_bytes = 2 * batch * kv_len * HKV * D * 2
+    kv_bytes = 2 * batch * (min(kv_len, window + q_len - 1) if window else kv_len) * HKV * D * 2  # keys read
     e_bytes = HQ * min(kv_len, R, (window + q_len) if window else R) * DR * 2
     row = dict(name=name, batch=batch, q_len=q_len, kv_len=kv_len, window=window, pairs=pairs)
     out = ours(x)()
@@ -276,7 +279,7 @@ def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: 
         )
     )
     variants = {}
-    cands = PREFILL_VARIANTS if q_len > 16 else decode_variants(batch, q_len, kv_len)
+    cands = PREFILL_VARIANTS if q_len > 16 else decode_variants(batch, q_len, min(kv_len, window or kv_len))
     for cfg in cands:
         if time.time() > deadline:
             break
@@ -348,23 +351,32 @@ def sdpa_or_flex_sol(x, batch, q_len, kv_len, window):
 
 
 def decode_variants(batch, q_len, kv_len):
+    """The relative term as a dot (rel_dot, the pipelined tensor-core form) and as the GEMV, at block_n 64
+    and 128 and half, the chosen and twice the chosen splits; then eight warps for the dot."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     base = launcher.choose_config(batch, HQ, HKV, q_len, kv_len, sms)
     out = []
-    for bn in (64, 128):
-        for mult in (0.25, 0.5, 1, 2):  # at 8K and B = 1 the chosen 32 splits do 2 tiles each
-            ns = max(1, min(launcher.MAX_SPLITS, int(base.num_splits * mult)))
-            cfg = AttentionConfig(heads=base.heads, block_q=base.block_q, block_n=bn, num_splits=ns)
-            if cfg not in out:
-                out.append(cfg)
-    for bn in (64, 128):  # deeper pipelines and more warps at the chosen splits
-        for warps, stages in ((4, 3), (4, 4), (8, 2), (8, 3)):
-            out.append(
-                AttentionConfig(
-                    heads=base.heads, block_q=base.block_q, block_n=bn, num_splits=base.num_splits,
-                    num_warps=warps, num_stages=stages,
+    for rel_dot in (True, False):
+        for bn in (64, 128):
+            for mult in (0.5, 1, 2):
+                ns = max(1, min(launcher.MAX_SPLITS, int(base.num_splits * mult)))
+                cfg = AttentionConfig(
+                    heads=base.heads,
+                    block_q=base.block_q,
+                    block_n=bn,
+                    num_splits=ns,
+                    num_stages=3,
+                    rel_dot=rel_dot,
                 )
-            )  # fmt: skip
+                if cfg not in out and cfg != base:
+                    out.append(cfg)
+    for bn in (64, 128):
+        out.append(
+            AttentionConfig(
+                heads=base.heads, block_q=base.block_q, block_n=bn, num_splits=base.num_splits,
+                num_warps=8, num_stages=2,
+            )
+        )  # fmt: skip
     return out
 
 

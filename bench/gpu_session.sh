@@ -28,6 +28,8 @@
 #                                           #   then e2e-compiled (batches 1..64)
 #     bash bench/gpu_session.sh compile     # 1 GPU: e2e batches 1 and 8 as the runtime runs it, then with the step
 #                                           #   program torch.compile'd (Inductor fuses the small ops), profiled
+#     bash bench/gpu_session.sh s12-kernels # 1 GPU: attention tests + decode bench, MoE overlap test + times
+#     bash bench/gpu_session.sh s12-e2e     # 1 GPU: e2e-compiled, batches 1..64
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
 #                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8, compiled
 #
@@ -217,6 +219,40 @@ moe-e2e)
         --batches 1,8,32,64 --decode_budget_s 10 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
     pack moe-e2e
     ;;
+s12-kernels)
+    # Session 12: the attention decode's relative term as a tensor-core dot fed by the pipeline (all
+    # attention GPU tests; the decode workloads, a 4K-window layer among them, with their tile variants)
+    # and the MoE's shared experts on a side stream (their GPU test; the op timed serial and overlapped).
+    run attn_test 170 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu
+    run moe_test 90 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "overlap or cuda_graph"
+    run attn_bench 190 python3 bench/attention.py --only "decode" --budget-s 150 --out "$OUT/attn"
+    run moe_overlap 80 python3 bench/moe.py --overlap 1,8,64 --out "$OUT/moe"
+    pack s12-kernels
+    ;;
+s12-attn)
+    # Session 12: the decode's relative term as a dot against the GEMV, both in the GPU test and timed
+    # in every decode workload (tile variants of both)
+    run attn_test 120 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu -k "decode"
+    run attn_bench 420 python3 bench/attention.py --only "decode" --budget-s 360 --out "$OUT/attn"
+    pack s12-attn
+    ;;
+s12-e2e)
+    # Session 12: e2e-compiled (batches 1..64) with the kernels above; tune() now has the overlap candidates.
+    run e2e 420 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
+        --batches 1,8,32,64 --decode_budget_s 10 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
+    pack s12-e2e
+    ;;
+s12-final)
+    # Session 12, last: the MoE GPU tests (overlap, 1-row blocks routed without align, the Triton combine),
+    # the op timed serial / overlapped, e2e-compiled (batches 1, 8, 32), then MTP with 3 drafts at batch 1
+    run moe_test 150 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "overlap or cuda_graph or float32 or (decode_kernels and 1])"
+    run moe_overlap 60 python3 bench/moe.py --overlap 1,8 --out "$OUT/moe"
+    run e2e 250 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
+        --batches 1,8,32 --decode_budget_s 8 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
+    run e2e_mtp 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --num_draft_tokens 3 \
+        --output_len 256 --batches 1 --decode_budget_s 15 --reference_peers "" --out "$OUT/e2e-mtp"
+    pack s12-final
+    ;;
 compile)
     run e2e 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
         --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
@@ -226,7 +262,7 @@ compile)
     pack compile
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final}" >&2
     exit 2
     ;;
 esac

@@ -391,6 +391,32 @@ def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
         json.dump(rows, f, indent=1)
 
 
+def overlap(out_dir: str, tokens=(1, 8, 64)) -> None:
+    """The whole op at T tokens, serial and with the shared experts on a side stream ("overlap"), for the
+    default tiles of T's bucket with the shared experts on Triton and on cuBLAS: CUDA-graph replays (as
+    tune() times them) and the outputs' largest difference (the same kernels: 0 expected). Writes
+    overlap.json."""
+    layer = make_layer()
+    rows = []
+    for T in tokens:
+        args = op_args(layer, T, seed=T)
+        for shared in ("triton", "torch"):
+            base = {**moe_launcher.select_config(None, T), "shared": shared}
+            row = dict(T=T, shared=shared, kernel=base.get("kernel", "mma"))
+            ys = {}
+            for mode, cfg in (("serial", base), ("overlap", {**base, "overlap": True})):
+                ys[mode] = moe_launcher.expert_sink_moe(*args, config=cfg)
+                row[f"{mode}_us"] = moe_launcher._time(args, cfg) * 1e3
+            row["max_abs_diff"] = float((ys["serial"].float() - ys["overlap"].float()).abs().max())
+            rows.append(row)
+            log(
+                f"T={T} {row['kernel']} shared={shared}: serial {row['serial_us']:.1f} us, overlap "
+                f"{row['overlap_us']:.1f} us, max |diff| {row['max_abs_diff']:.1e}"
+            )
+    with open(os.path.join(out_dir, "overlap.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench-moe")
@@ -404,7 +430,14 @@ def main():
     ap.add_argument(
         "--decode-kernels", metavar="T,T", help="time every decode candidate's routed GEMMs and exit"
     )
+    ap.add_argument(
+        "--overlap", metavar="T,T", help="time the op serial and with the shared experts overlapped, and exit"
+    )
     args = ap.parse_args()
+    if args.overlap:
+        os.makedirs(args.out, exist_ok=True)
+        overlap(args.out, tuple(int(t) for t in args.overlap.split(",")))
+        return
     if args.decode_kernels:
         os.makedirs(args.out, exist_ok=True)
         decode_kernels(args.out, tuple(int(t) for t in args.decode_kernels.split(",")))

@@ -45,8 +45,8 @@ def _relative_band(
     a = tl.arange(0, BLOCK_Q)
     b = tl.arange(0, BLOCK_N)
     if SINGLE_QUERY:
-        # Decode: one query per head, so no shear: r_h . E[h, d0 + BLOCK_N - 1 - b] per head (a GEMV);
-        # rows a > 0 are padding and get a copy.
+        # Decode without REL_DOT: one query per head, so no shear: r_h . E[h, d0 + BLOCK_N - 1 - b] per
+        # head (a GEMV on the CUDA cores, E in registers); rows a > 0 are padding and get a copy.
         g = tl.arange(0, HEADS)
         dist = tl.minimum(tl.maximum(d0 + (BLOCK_N - 1) - b, 0), R - 1)
         e_offs = (
@@ -142,6 +142,7 @@ def _attend_tile(
     BAND: tl.constexpr,
     BAND_3D: tl.constexpr,
     SINGLE_QUERY: tl.constexpr,
+    REL_DOT: tl.constexpr,
     PAGE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     scratch_ptr,
@@ -158,10 +159,28 @@ def _attend_tile(
     k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=kv_ok[None, :], other=0.0)
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, BLOCK_N], log2 units
 
-    d0 = first_pos - (j0 + BLOCK_N - 1)
-    if d0 >= R - 1:
+    if SINGLE_QUERY and REL_DOT:
+        # Decode: key b is at distance first_pos - b from the query, and no shear is needed. The term is
+        # one dot on the tensor cores: r here is the block-diagonal [M, HEADS * DR] operand the kernel
+        # built (row m holds its head's r in that head's DR columns), and the band tile is [HEADS * DR,
+        # BLOCK_N], column b holding E[h, dist_b] for every head h of the group. A plain load feeding a
+        # dot, it goes through the software pipeline like K and V. Clipped distances (>= R - 1) take
+        # r_last and are not read (masked: no bytes move).
+        dist = first_pos - offs_n
+        near = dist < R - 1
+        kk = tl.arange(0, HEADS * DR)
+        e_offs = (head0 + kk // DR)[:, None] * stride_eh + (kk % DR)[:, None]
+        e_tile = tl.load(
+            e_ptr + e_offs + tl.maximum(dist, 0)[None, :] * stride_er,
+            mask=(near & kv_ok)[None, :],
+            other=0.0,
+        )
+        bias = tl.dot(r, e_tile.to(r.dtype), input_precision=DOT_PRECISION)  # [M, BLOCK_N]
+        s += tl.where(near[None, :], bias, r_last[:, None]) * LOG2E
+    elif first_pos - (j0 + BLOCK_N - 1) >= R - 1:
         s += r_last[:, None] * LOG2E
     else:
+        d0 = first_pos - (j0 + BLOCK_N - 1)
         bias = _relative_band(
             r,
             e_ptr,
@@ -243,6 +262,7 @@ def sheared_bias_attention_kernel(
     BAND: tl.constexpr,
     BAND_3D: tl.constexpr,
     SINGLE_QUERY: tl.constexpr,  # max_seqlen_q == 1: the relative term needs no shear
+    REL_DOT: tl.constexpr,  # SINGLE_QUERY: the relative term as a pipelined tensor-core dot (else a GEMV)
     PAGE: tl.constexpr,  # tokens per cache block
     SPLIT: tl.constexpr,  # num_splits > 1: write partial (o, lse) for split_kv_reduce_kernel
     DOT_PRECISION: tl.constexpr,
@@ -289,6 +309,13 @@ def sheared_bias_attention_kernel(
     # r_i . E[R-1]: the whole relative term of tiles where every distance is clipped.
     e_last = tl.load(e_ptr + heads[:, None] * stride_eh + (R - 1) * stride_er + offs_dr[None, :])
     r_last = tl.sum(r.to(tl.float32) * e_last.to(tl.float32), axis=1)  # [M]
+    if SINGLE_QUERY and REL_DOT:
+        # The decode's relative operand (see _attend_tile): row m keeps r in its head's DR columns.
+        kk = tl.arange(0, HEADS * DR)
+        r_wide = tl.reshape(tl.broadcast_to(r[:, None, :], [M, HEADS, DR]), [M, HEADS * DR])
+        r = tl.where((kk // DR)[None, :] == (offs_m // BLOCK_Q)[:, None], r_wide, 0.0).to(
+            r_ptr.dtype.element_ty
+        )
 
     # Keys this tile may see: [lo, hi). Nothing below lo is read, not even its block-table entry.
     hi = last_pos + 1
@@ -347,6 +374,7 @@ def sheared_bias_attention_kernel(
                 BAND,
                 BAND_3D,
                 SINGLE_QUERY,
+                REL_DOT,
                 PAGE,
                 DOT_PRECISION,
                 scratch_ptr,
@@ -395,6 +423,7 @@ def sheared_bias_attention_kernel(
                 BAND,
                 BAND_3D,
                 SINGLE_QUERY,
+                REL_DOT,
                 PAGE,
                 DOT_PRECISION,
                 scratch_ptr,

@@ -32,6 +32,9 @@ class AttentionConfig:
     # How the relative band is sheared for one-head tiles: "gather" (tl.gather in registers) or
     # "scratch" (through a per-program float32 scratch in global memory, L1/L2-resident).
     shear: str = "gather"
+    # Decode (one query): the relative term as a tensor-core dot whose E tile goes through the software
+    # pipeline with K and V (True), or as a GEMV on the CUDA cores with E loaded into registers (False).
+    rel_dot: bool = False
 
     def __post_init__(self) -> None:
         for name in ("heads", "block_q", "block_n"):
@@ -97,6 +100,14 @@ def choose_config(
         # 3-7% faster than two at B=1 KV 8K and 128K and B=32 KV 8K; eight warps were 20-50% slower).
         num_warps, num_stages = 4, (3 if max_seqlen_q == 1 else 2)
         shear = "gather"
+        # The relative term as a pipelined dot (rel_dot) where decode programs fill the GPU unsplit; with
+        # split-KV the GEMV form (H200, graph-timed, bench/results/gpu-2026-12-01/s12-attn/: B=32 KV 8K
+        # 0.469 ms at block_n 64 against 0.508 for the GEMV's best; B=1 KV 8K 0.028-0.031 ms for both;
+        # KV 128K 0.240 against 0.212 and 1M 1.80 against 1.18 ms, the dot's larger pipeline stages
+        # leaving fewer programs per SM).
+        rel_dot = max_seqlen_q == 1 and not float32 and num_seqs * (num_q_heads // heads) >= num_sms
+        if rel_dot and not small:
+            block_n = 64
     else:
         # One head per program; the relative band is sheared through a per-program scratch (with
         # tl.gather, H200 2026-11-29: 32x32 tiles and 2 warps were best and still 11x SDPA's time)
@@ -105,6 +116,7 @@ def choose_config(
         block_n = 16 if small else 64
         num_warps, num_stages = 4, 2
         shear = "scratch"
+        rel_dot = False
         if float32 and not small:
             block_q = 32
     if float32:
@@ -130,6 +142,7 @@ def choose_config(
         num_warps=num_warps,
         num_stages=num_stages,
         shear=shear,
+        rel_dot=rel_dot,
     )
 
 
@@ -253,6 +266,7 @@ def sheared_bias_attention(
         BAND=band,
         BAND_3D=config.heads > 1 and config.block_q >= 16,
         SINGLE_QUERY=max_seqlen_q == 1,
+        REL_DOT=config.rel_dot,
         PAGE=BS,
         SPLIT=splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

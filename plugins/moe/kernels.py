@@ -34,11 +34,15 @@ def route_kernel(
     rank_ptr,  # int32 [T*TOP_K]
     counts_ptr,  # int32 [E], zeroed
     route_w_ptr,  # float32 [T*KS]
+    sorted_rows_ptr,  # DIRECT: the GEMMs' block arrays (align_kernel's), one entry per block
+    expert_ids_ptr,
+    block_rows_ptr,
     E,
     TOP_K: tl.constexpr,
     NUM_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr,
     TOP_K_P2: tl.constexpr,  # next_power_of_2(TOP_K)
+    DIRECT: tl.constexpr = False,  # 1-row blocks: entry t * TOP_K + j is block t * TOP_K + j, no align
 ):
     KS: tl.constexpr = TOP_K + NUM_SHARED
     t = tl.program_id(0)
@@ -63,9 +67,17 @@ def route_kernel(
     # The k experts are distinct: one vector of atomics takes their ranks (k serial atomics, each waiting
     # for its return, took most of this kernel's 6.5 us on the H200).
     k_mask = offs_k < TOP_K
-    tl.store(topk_ids_ptr + t * TOP_K + offs_k, ids, mask=k_mask)
-    rank = tl.atomic_add(counts_ptr + ids, 1, mask=k_mask)
-    tl.store(rank_ptr + t * TOP_K + offs_k, rank, mask=k_mask)
+    if DIRECT:
+        # Blocks of one row need no grouping by expert: each entry is its own block, in entry order (the
+        # GEMMs' grids run a weight tile's blocks side by side, so two rows of one expert still share its
+        # reads through L2). No counts, no atomics, no align_kernel launch.
+        tl.store(sorted_rows_ptr + t * TOP_K + offs_k, t * KS + offs_k, mask=k_mask)
+        tl.store(expert_ids_ptr + t * TOP_K + offs_k, ids, mask=k_mask)
+        tl.store(block_rows_ptr + t * TOP_K + offs_k, tl.full([TOP_K_P2], 1, tl.int32), mask=k_mask)
+    else:
+        tl.store(topk_ids_ptr + t * TOP_K + offs_k, ids, mask=k_mask)
+        rank = tl.atomic_add(counts_ptr + ids, 1, mask=k_mask)
+        tl.store(rank_ptr + t * TOP_K + offs_k, rank, mask=k_mask)
 
 
 @triton.jit
@@ -113,6 +125,28 @@ def align_kernel(
         rows = tl.minimum(c - (pos - start), BLOCK_M)
         tl.store(expert_ids_ptr + offs_b, tl.where(used, ex, -1), mask=b_mask)
         tl.store(block_rows_ptr + offs_b, tl.where(used, rows, 0), mask=b_mask)
+
+
+@triton.jit
+def combine_kernel(
+    out_ptr,  # [T*KS, H]: row t*KS + k holds expert slot k's weighted output for token t
+    y_ptr,  # [T, H]
+    H,
+    KS: tl.constexpr,
+    KS_P2: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """y[t] = sum over the KS slots of out[t*KS + k], in float32 (one program per token and H chunk)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    k = tl.arange(0, KS_P2)
+    h_ok = offs_h < H
+    v = tl.load(
+        out_ptr + (t * KS + k)[:, None] * H + offs_h[None, :],
+        mask=(k < KS)[:, None] & h_ok[None, :],
+        other=0.0,
+    )
+    tl.store(y_ptr + t * H + offs_h, tl.sum(v.to(tl.float32), axis=0).to(y_ptr.dtype.element_ty), mask=h_ok)
 
 
 @triton.jit

@@ -28,7 +28,7 @@ KERNELS = ("mma", "gemv", "bd")
 DEFAULT_TABLE: dict = {
     "version": 1,
     "buckets": [
-        {"max_tokens": 16, "block_m": 1, "kernel": "bd",
+        {"max_tokens": 16, "block_m": 1, "kernel": "bd", "overlap": True,
          "gemm1": {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3, "stack_gu": True,
                    "one_dot": True},
          "gemm2": {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3, "k_major_a": True}},
@@ -114,11 +114,51 @@ def _gemm(
         kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, **tiles)
 
 
+# The parts that may run on a side stream beside the routed ones (config "overlap": True): the shared
+# experts, which read only x and, in GEMM 2, the route's weights.
+SIDE_PARTS = ("gemm1 shared", "gemm2 shared", "shared (cuBLAS)")
+
+
+@functools.cache
+def _side_stream(device_index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device=device_index)
+
+
 def expert_sink_moe(*args, config: dict | None = None) -> torch.Tensor:
-    """The op on the GPU (arguments as `launches`)."""
+    """The op on the GPU (arguments as `launches`).
+
+    With `"overlap": True` in the config (CUDA only), the shared experts run on a side stream while the
+    routing and the routed GEMMs run on the current one: at decode sizes every one of these kernels
+    leaves bandwidth unused (the routed GEMMs and the routing kernels wait on latency with a few hundred
+    programs), so two at a time fill more of it. Fork and join are stream waits, so the op captures into
+    a CUDA graph as two branches. The shared GEMM 1 starts at once; GEMM 2 waits for the route (its
+    weights). Every buffer is allocated on the current stream before the fork and both streams join
+    before the op returns, so nothing is freed while the side stream may use it.
+    """
     y, parts = launches(*args, config=config)
-    for _, run in parts:
-        run()
+    x = args[0]
+    cfg = config or select_config(None, x.shape[0])
+    if not (cfg.get("overlap") and x.is_cuda and parts):
+        for _, run in parts:
+            run()
+        return y
+    main = torch.cuda.current_stream(x.device)
+    side = _side_stream(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    side.wait_stream(main)
+    routed_ready = torch.cuda.Event()
+    for name, run in parts:
+        if name == "route":
+            run()
+            routed_ready.record(main)
+        elif name in SIDE_PARTS:
+            with torch.cuda.stream(side):
+                if name != "gemm1 shared":  # GEMM 2, or the cuBLAS pair, scales by the route's weights
+                    side.wait_event(routed_ready)
+                run()
+        else:
+            if name == "combine":
+                main.wait_stream(side)
+            run()
     return y
 
 
@@ -172,7 +212,8 @@ def launches(
     rank = torch.empty_like(topk_ids)
     route_w = torch.empty(T * KS, dtype=torch.float32, device=dev)
     num_entries = T * top_k
-    num_blocks = triton.cdiv(num_entries, block_m) + min(E, num_entries)  # static bound
+    direct = block_m == 1  # route_kernel writes the blocks itself (its DIRECT), no align_kernel
+    num_blocks = num_entries if direct else triton.cdiv(num_entries, block_m) + min(E, num_entries)  # static
     sorted_rows = torch.empty(num_blocks * block_m, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=dev)
     block_rows = torch.empty(num_blocks, dtype=torch.int32, device=dev)
@@ -181,12 +222,15 @@ def launches(
 
     def route():
         logits = x @ router_weight.T.to(x.dtype)  # [T, E+S], as inkling.ops.route
-        counts.zero_()
+        if not direct:
+            counts.zero_()
         kernels.route_kernel[(T,)](
-            logits, logits.stride(0), topk_ids, rank, counts, route_w, E,
+            logits, logits.stride(0), topk_ids, rank, counts, route_w, sorted_rows, expert_ids, block_rows, E,
             TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), TOP_K_P2=triton.next_power_of_2(top_k),
-            num_warps=1 if E + S <= 512 else 4,
+            DIRECT=direct, num_warps=1 if E + S <= 512 else 4,
         )  # fmt: skip
+        if direct:
+            return
         kernels.align_kernel[(entry_programs + triton.cdiv(num_blocks, chunk),)](
             topk_ids, rank, counts, sorted_rows, expert_ids, block_rows,
             num_entries, num_blocks, entry_programs, E,
@@ -242,7 +286,14 @@ def launches(
             ("gemm2 routed", gemm2_routed),
             ("shared (cuBLAS)", lambda: _shared_torch(x, shared_w13, shared_w2, route_w, out, top_k)),
         ]
-    parts.append(("combine", lambda: torch.sum(out.view(T, KS, H), dim=1, out=y)))
+
+    def combine():  # one launch of a few dozen programs at decode (torch's reduction took 5 us there)
+        block_h = 256
+        kernels.combine_kernel[(T, triton.cdiv(H, block_h))](
+            out, y, H, KS=KS, KS_P2=triton.next_power_of_2(KS), BLOCK_H=block_h, num_warps=4
+        )
+
+    parts.append(("combine", combine))
     return y, parts
 
 
@@ -317,6 +368,10 @@ def _candidates(T: int) -> list[dict]:
             for shared in ("triton", "torch"):
                 out.append({"block_m": 1, "kernel": "bd", "shared": shared,
                             "gemm1": {**tile, **g1}, "gemm2": {**tile, **g2}})  # fmt: skip
+    if T <= 128:
+        # the shared experts on a side stream beside the routing and the routed GEMMs (expert_sink_moe's
+        # docstring), for the decode kernels and the small tensor-core tiles
+        out += [{**c, "overlap": True} for c in out if T > 16 or c.get("kernel") == "bd"]
     return out
 
 

@@ -183,6 +183,7 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
     [
         (DECODE, 0, AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=3)),
         (DECODE, 32, AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=7)),
+        (DECODE, 32, AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=3, rel_dot=False)),
         (VERIFY, 0, AttentionConfig(heads=4, block_q=16, block_n=16, num_splits=4)),
         # a verify of fewer queries than block_q (the GPU default for q 2..8, bf16)
         ([(100, 4), (65, 2)], 0, AttentionConfig(heads=4, block_q=16, block_n=16, num_splits=2)),
@@ -212,6 +213,7 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
     ids=[
         "decode",
         "decode-sliding",
+        "decode-sliding-gemv",
         "verify-packed",
         "verify-packed-short",
         "verify-unpacked",
@@ -361,6 +363,24 @@ GPU_CONFIGS = [
 def test_gpu_tile_variants(config):
     batch = make_batch(
         [(900, 9), (300, 5), (17, 1)], hq=8, hkv=1, d=128, dr=32, rel=512, dtype=torch.bfloat16
+    )
+    assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("window", [0, 256])
+@pytest.mark.parametrize("rel_dot", [True, False])
+@pytest.mark.parametrize("block_n,splits", [(64, 7), (128, 3)])
+def test_gpu_decode_variants(window, rel_dot, block_n, splits):
+    """Decode at inkling-bench's group (8 query heads per KV head) with the relative term as a dot and as
+    a GEMV, distances past R (clipped), full and sliding, several splits, bf16."""
+    batch = make_batch(
+        [(1500, 1), (600, 1), (130, 1), (1, 1)], hq=16, hkv=2, d=128, dr=32, rel=512, window=window,
+        dtype=torch.bfloat16,
+    )  # fmt: skip
+    config = AttentionConfig(
+        heads=8, block_q=2, block_n=block_n, num_splits=splits, num_stages=3, rel_dot=rel_dot
     )
     assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
 
