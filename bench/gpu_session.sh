@@ -253,6 +253,12 @@ s12-final)
         --output_len 256 --batches 1 --decode_budget_s 15 --reference_peers "" --out "$OUT/e2e-mtp"
     pack s12-final
     ;;
+s12-mtp)
+    # Session 12: bench.mtp's step components (verify with k drafts, head pass, draft pick) with the
+    # session's kernels (session 7's table was the last)
+    run mtp 420 python3 -m bench.mtp --device cuda --cuda_graphs --out "$OUT/mtp"
+    pack s12-mtp
+    ;;
 compile)
     run e2e 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
         --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
@@ -262,7 +268,7 @@ compile)
     pack compile
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final|s12-mtp}" >&2
     exit 2
     ;;
 esac

@@ -183,7 +183,12 @@ class Engine:
             os.path.join(engine_dir, f"rank{rank}.safetensors"), framework="pt", device=str(target)
         ) as f:
             for name in f.keys():
-                weights[name] = f.get_tensor(name)
+                t = f.get_tensor(name)
+                # safetensors places tensors at 8-byte offsets. On the CPU, kernels (oneDNN's, NumPy's under
+                # the Triton interpreter) pick their vector loops by alignment, so an 8-byte aligned weight
+                # rounded differently (~1e-6 in float32 logits) than the same weight built in memory: a copy
+                # in a 64-byte aligned allocation gives the built engine's logits bit for bit.
+                weights[name] = t.clone() if t.device.type == "cpu" and t.data_ptr() % 64 else t
         programs = {}
         for name in config.get("rank_programs", [config["programs"]])[rank]:
             try:
