@@ -45,6 +45,17 @@ def task_prompts(tok, task: str, n: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
+def training_vocab(tok, size: int, seed: int, rows: int = 64) -> list[int]:
+    """A draft vocabulary (builder/draft_vocab.py): the `size` most frequent tokens of `rows` rows of the
+    training mixture (its tasks and text in their training proportions), special tokens always in."""
+    from collections import Counter
+
+    from builder.draft_vocab import most_frequent
+
+    ids, _ = Mixture(tok, seq_len=2048, seed=seed + 1).batch(rows)
+    return most_frequent(Counter(ids.flatten().tolist()), size, tok.get_added_tokens_decoder())
+
+
 def measure(llm, prompts, k: int, max_tokens: int, fixed: bool) -> tuple[dict, list[list[int]]]:
     from runtime import SamplingParams
     from runtime.engine import PromptInput
@@ -76,10 +87,15 @@ def run(args) -> dict:
 
     os.makedirs(args.out, exist_ok=True)
     drafts = [int(x) for x in args.drafts.split(",")]
-    _, engine = prepare_engine(args.work_dir or args.out, 2048, device=args.device, dtype=args.dtype)
     tok = load_tokenizer(SMALL_CHECKPOINT)
+    vocab = training_vocab(tok, args.draft_vocab_size, args.seed) if args.draft_vocab_size else None
+    _, engine = prepare_engine(
+        args.work_dir or args.out, 2048, device=args.device, dtype=args.dtype, draft_vocab=vocab
+    )
     llm = LLM(engine)
     results: dict = {"checkpoint": SMALL_CHECKPOINT, "device": args.device, "dtype": args.dtype, "tasks": {}}
+    if vocab is not None:
+        results["draft_vocab_size"] = len(vocab)
     for task in TASKS:
         prompts = task_prompts(tok, task, args.prompts, args.seed)
         base, plain = measure(llm, prompts, 0, args.max_tokens, fixed=False)
@@ -158,6 +174,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
+    p.add_argument(
+        "--draft_vocab_size",
+        type=int,
+        default=0,
+        help="draft from the N most frequent training tokens only (builder/draft_vocab.py); 0: every token",
+    )
     args = p.parse_args(argv)
     results = run(args)
     print(markdown(results, [int(x) for x in args.drafts.split(",")]))

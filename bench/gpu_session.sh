@@ -30,6 +30,7 @@
 #                                           #   program torch.compile'd (Inductor fuses the small ops), profiled
 #     bash bench/gpu_session.sh s12-kernels # 1 GPU: attention tests + decode bench, MoE overlap test + times
 #     bash bench/gpu_session.sh s12-e2e     # 1 GPU: e2e-compiled, batches 1..64
+#     bash bench/gpu_session.sh s13-mtp     # 1 GPU: bench.mtp compiled, with a 32768-token draft vocabulary
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
 #                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8, compiled
 #
@@ -259,6 +260,13 @@ s12-mtp)
     run mtp 420 python3 -m bench.mtp --device cuda --cuda_graphs --out "$OUT/mtp"
     pack s12-mtp
     ;;
+s13-mtp)
+    # Session 13: bench.mtp with the head program compiled (as the step) and a draft vocabulary of 32768
+    # tokens (the full-vocabulary pick timed beside it)
+    run mtp 540 python3 -m bench.mtp --device cuda --cuda_graphs --compile --draft_vocab_size 32768 --profile \
+        --out "$OUT/mtp"
+    pack s13-mtp
+    ;;
 compile)
     run e2e 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
         --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
@@ -268,7 +276,7 @@ compile)
     pack compile
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final|s12-mtp}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final|s12-mtp|s13-mtp}" >&2
     exit 2
     ;;
 esac

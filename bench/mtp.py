@@ -94,6 +94,24 @@ def count_experts(config):
     return seen, originals
 
 
+def profile(fn, path: str, what: str, device: str, count: int = 5) -> None:
+    """A torch.profiler table of `count` calls of fn, by device time (host time on the CPU)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = device == "cuda"
+    with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(count):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "cuda_time_total" if cuda else "cpu_time_total"
+    with open(path, "w") as f:
+        f.write(f"{count} calls of the {what}, by {key}\n")
+        f.write(prof.key_averages().table(sort_by=key, row_limit=40) + "\n")
+    print(f"[bench.mtp] profile of the {what} written to {path}", flush=True)
+
+
 def acceptance_model(mean_at_8: float = 4.5) -> float:
     """Per-position acceptance a with (1 - a^9) / (1 - a) = mean_at_8 (bisection)."""
     lo, hi = 0.0, 0.9999
@@ -106,12 +124,12 @@ def acceptance_model(mean_at_8: float = 4.5) -> float:
     return (lo + hi) / 2
 
 
-def head_bytes(c) -> float:
-    """One head pass at one position: eh_proj, attention weights, dense FFN, and the lm_head."""
+def head_bytes(c, draft_rows: int | None = None) -> float:
+    """One head pass at one position: eh_proj, attention weights, dense FFN, and the lm_head rows the
+    draft pick reads (all, or a draft vocabulary's)."""
     H = c.hidden_size
-    return (
-        2 * H * H + c.qkvr_size * H + H * c.q_size + 3 * c.mtp_intermediate_size * H + c.vocab_size * H
-    ) * BF16
+    rows = c.vocab_size if draft_rows is None else draft_rows
+    return (2 * H * H + c.qkvr_size * H + H * c.q_size + 3 * c.mtp_intermediate_size * H + rows * H) * BF16
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +145,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time the step and head pass replayed from CUDA graphs",
     )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the step and head programs (what an engine built with --compile runs)",
+    )
+    ap.add_argument(
+        "--draft_vocab_size",
+        type=int,
+        default=0,
+        help="build with a draft vocabulary of N tokens (ids 0..N-1: synthetic weights have no token "
+        "frequencies, and a pick's cost depends only on N); the full-vocabulary pick is timed beside it",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="torch.profiler tables of the head pass and of the k=3 verify step",
+    )
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     config, _ = synth_config(args.preset, nvfp4=True)
@@ -136,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "preset": args.preset,
         "context": args.context,
+        "compile": args.compile,
+        "draft_vocab_size": args.draft_vocab_size or None,
     }
     bc = BuildConfig(
         max_batch_size=2, max_input_len=args.context, max_seq_len=args.context + 64,
@@ -143,7 +180,16 @@ def main(argv: list[str] | None = None) -> int:
         plugin_config=PluginConfig(tune=False),
     )  # fmt: skip
     print(f"[bench.mtp] synthesizing {args.preset} (8 heads, NVFP4 experts) on {args.device}", flush=True)
-    engine = build(iter_synthetic_tensors(config, args.seed, args.device), bc, config=config, echo=False)
+    vocab = list(range(args.draft_vocab_size)) if args.draft_vocab_size else None
+    engine = build(
+        iter_synthetic_tensors(config, args.seed, args.device),
+        bc,
+        config=config,
+        echo=False,
+        draft_vocab=vocab,
+    )
+    if args.compile:  # as bench.e2e: what --compile at build gives a runtime, without compile_step's warm-up
+        engine.config["build_config"]["compile"] = True
     # Eager steps and no overlap: the expert counting below reads the routing on the host (no capture),
     # and the CUDA-graph times come from the bench's own StepGraphs over the same programs.
     eng = LLMEngine(engine, cuda_graphs=False, overlap=False)
@@ -214,14 +260,33 @@ def main(argv: list[str] | None = None) -> int:
         out["head"]["graphed_seconds"] = median_time(
             lambda: head_graphs(list(one)), args.repeats, args.device
         )
+    if args.profile:
+        replay_head = (lambda: head_graphs(list(one))) if head_graphs is not None else (lambda: head.fn(*one))
+        profile(
+            replay_head, os.path.join(args.out, "profile_head.txt"), "head pass, one position", args.device
+        )
+        if step_graphs is not None and 3 in recorded:
+            profile(
+                lambda: step_graphs(recorded[3]), os.path.join(args.out, "profile_verify3.txt"),
+                "main step with 4 tokens (k=3)", args.device,
+            )  # fmt: skip
     rows = torch.zeros(1, config.hidden_size, dtype=runner.dtype, device=args.device)
+
+    def pick(lm_head, num_rows, ids=None):
+        picked = torch.ops.inkling.mtp_draft(
+            rows, runner.head_weights[0]["final_layernorm.weight"], lm_head, num_rows, config.rms_norm_eps,
+            runner.draft_impl,
+        )  # fmt: skip
+        return picked if ids is None else ids[picked]  # as ModelRunner.run_heads
+
     out["head"]["draft_seconds"] = median_time(
-        lambda: torch.ops.inkling.mtp_draft(
-            rows, runner.head_weights[0]["final_layernorm.weight"], runner.weights["lm_head.weight"],
-            runner.num_real_tokens, config.rms_norm_eps, runner.draft_impl,
-        ),
-        args.repeats, args.device,
-    )  # fmt: skip
+        lambda: pick(runner.draft_lm_head, runner.num_draft_rows, runner.draft_ids), args.repeats, args.device
+    )
+    out["head"]["draft_rows"] = runner.num_draft_rows
+    if runner.draft_ids is not None:
+        out["head"]["full_vocab_draft_seconds"] = median_time(
+            lambda: pick(runner.weights["lm_head.weight"], runner.num_real_tokens), args.repeats, args.device
+        )
     results.update(out)
     results["table"] = table(config, out, args.context)
     with open(os.path.join(args.out, "mtp.json"), "w") as f:
@@ -248,7 +313,12 @@ def table(config, out: dict, context: int) -> dict:
         big_bytes = (
             decode_step_bytes(big, context, distinct_experts=round(v["distinct_experts_per_layer"])).total / 4
         )
-        big_step = big_bytes / BANDWIDTH / efficiency + k * head_bytes(big) / 4 / BANDWIDTH / efficiency
+        draft_rows = (
+            out["head"].get("draft_rows") if out["head"].get("draft_rows") != config.vocab_size else None
+        )
+        big_step = (
+            big_bytes / BANDWIDTH / efficiency + k * head_bytes(big, draft_rows) / 4 / BANDWIDTH / efficiency
+        )
         rows[k] = {
             "assumed_tokens_per_step": tokens,
             "step_s": step,
@@ -267,7 +337,13 @@ def write_md(r: dict, path: str) -> None:
         f"`{r['command']}` on {r['device']}, {r['date']}.",
         "",
         f"One head pass at {r['head']['tokens']} position(s): {r['head']['seconds'] * 1e3:.3f} ms; draft pick "
-        f"(`mtp_draft`): {r['head']['draft_seconds'] * 1e3:.3f} ms.",
+        f"(`mtp_draft`, {r['head'].get('draft_rows', 'all')} lm_head rows): {r['head']['draft_seconds'] * 1e3:.3f} ms"
+        + (
+            f" (the whole vocabulary: {r['head']['full_vocab_draft_seconds'] * 1e3:.3f} ms)"
+            if "full_vocab_draft_seconds" in r["head"]
+            else ""
+        )
+        + f". torch.compile: {'yes' if r.get('compile') else 'no'}.",
         "",
         *(
             [

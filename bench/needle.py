@@ -36,7 +36,9 @@ NEAR_TIE = 1e-4
 ANSWER_TOKENS = 8  # " NNNNN." spelled one character per token takes 7; then <|eos|>
 
 
-def prepare_engine(work_dir: str, max_seq_len: int, *, device: str = "cpu", dtype: str = "float32"):
+def prepare_engine(
+    work_dir: str, max_seq_len: int, *, device: str = "cpu", dtype: str = "float32", draft_vocab=None
+):
     """NVFP4 conversion of the trained checkpoint (kept in work_dir) and an engine built in memory."""
     from builder import BuildConfig, build
     from convert import convert
@@ -52,7 +54,7 @@ def prepare_engine(work_dir: str, max_seq_len: int, *, device: str = "cpu", dtyp
         dtype=dtype,
         device=device,
     )
-    return fp4, build(fp4, bc, echo=False)
+    return fp4, build(fp4, bc, echo=False, draft_vocab=draft_vocab)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
     python -m builder --checkpoint_dir build/inkling-tiny-nvfp4 --output_dir build/engine-tiny \
         [--max_batch_size 8 --max_seq_len 2048 --max_num_tokens 2048 --tp_size 1 --dtype bfloat16 --device cpu]
-        [--export_onnx step.onnx [--onnx_weights inputs|external]]
+        [--export_onnx step.onnx [--onnx_weights inputs|external]] [--draft_vocab vocab.json]
 
 --export_onnx PATH also writes the step program as ONNX, plugins as nodes of the domain inkling.plugins
 (builder/onnx_export.py); a PATH without a directory goes into the engine's output_dir.
@@ -35,6 +35,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="inputs",
         help="ONNX weights as graph inputs, or as initializers in PATH.data",
     )
+    ap.add_argument(
+        "--draft_vocab",
+        metavar="FILE",
+        help="JSON list of the token ids the MTP heads may draft (python -m builder.draft_vocab makes one)",
+    )
     for f in dataclasses.fields(BuildConfig):
         if f.name == "plugin_config":
             continue
@@ -66,7 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     start = time.perf_counter()
     try:
-        engine = build(args.checkpoint_dir, BuildConfig(**fields, plugin_config=plugin))
+        draft_vocab = None
+        if args.draft_vocab:
+            from .draft_vocab import load_draft_vocab
+
+            draft_vocab = load_draft_vocab(args.draft_vocab)
+        engine = build(
+            args.checkpoint_dir, BuildConfig(**fields, plugin_config=plugin), draft_vocab=draft_vocab
+        )
         engine.save(args.output_dir, force=args.force)
         if args.export_onnx:
             from .onnx_export import export_onnx

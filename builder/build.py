@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -53,9 +53,12 @@ def build(
     build_config: BuildConfig | None = None,
     config: InklingConfig | None = None,
     echo: bool = True,
+    draft_vocab: Sequence[int] | None = None,
 ) -> Engine:
     """Build an engine from a checkpoint directory, or from (name, tensor) pairs with their `config`
-    (e.g. `inkling.synth.iter_synthetic_tensors` on the GPU, for models too big for disk)."""
+    (e.g. `inkling.synth.iter_synthetic_tensors` on the GPU, for models too big for disk).
+
+    draft_vocab: token ids the MTP heads may draft (builder/draft_vocab.py); default every token."""
     bc = build_config or BuildConfig()
     log = BuildLog(echo)
     tokenizer_json = generation_config = None
@@ -79,6 +82,12 @@ def build(
                 "the checkpoint's routed experts are bf16: convert it first "
                 "(python -m convert --model_dir IN --output_dir OUT --quant nvfp4)"
             )
+    if draft_vocab is not None:
+        draft_vocab = _draft_vocab(config, bc, tokenizer_json, draft_vocab)
+        log(
+            f"MTP draft vocabulary: {len(draft_vocab)} tokens (each draft pick reads "
+            f"{len(draft_vocab) / config.vocab_size:.1%} of lm_head)"
+        )
     tp = TensorParallel(config, bc.tp_size)
     impls = bc.plugin_config.resolve(bc.device)
     for name, impl in impls.items():
@@ -142,6 +151,7 @@ def build(
         "quantization": config.quantization_config,
         "device": bc.device,
         "dtype": bc.dtype,
+        "draft_vocab": draft_vocab,
         "cache_layout": {
             "group_of_layer": list(CacheLayout.of(config).group_of_layer),
             "slot_of_layer": list(CacheLayout.of(config).slot_of_layer),
@@ -158,6 +168,24 @@ def build(
             engine.compile_cache = compile_step(engine)
             log(f"compiler cache artifacts: {len(engine.compile_cache or b'') / 1e6:.2f} MB")
     return engine
+
+
+def _draft_vocab(
+    config: InklingConfig, bc: BuildConfig, tokenizer_json: str | None, ids: Sequence[int]
+) -> list[int]:
+    from .draft_vocab import check_draft_vocab
+
+    if not has_heads(config, bc):
+        raise BuildError("draft_vocab: this engine has no MTP heads (num_mtp_heads or max_draft_len is 0)")
+    size = config.vocab_size
+    if tokenizer_json is not None:  # padded rows past the tokenizer are never sampled, nor drafted
+        from tokenizers import Tokenizer
+
+        size = Tokenizer.from_str(tokenizer_json).get_vocab_size(with_added_tokens=True)
+    try:
+        return check_draft_vocab(ids, size)
+    except ValueError as e:
+        raise BuildError(str(e)) from e
 
 
 def compile_step(engine: Engine) -> bytes | None:

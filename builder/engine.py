@@ -268,6 +268,13 @@ def check_compatible(config: dict[str, Any], device: str | None) -> None:
         raise EngineError("engine was built for cuda but no CUDA device is available here")
     if config["dtype"] not in ("bfloat16", "float32"):
         raise EngineError(f"engine dtype {config['dtype']!r} is not supported")
+    if config.get("draft_vocab") is not None:
+        from .draft_vocab import check_draft_vocab
+
+        try:
+            check_draft_vocab(config["draft_vocab"], config["pretrained_config"]["vocab_size"])
+        except ValueError as e:
+            raise EngineError(f"engine config is corrupt: {e}") from e
 
 
 def check_mapping(engine_dir: str, config: dict[str, Any], rank: int, world_size: int | None) -> None:

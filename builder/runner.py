@@ -90,7 +90,8 @@ class EngineRunner:
         weights = {k: engine.weights[k].to(self.device) for k in sorted(engine.weights)}
         self.weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
         self.step = on_device(engine.programs["step"], self.device).module()
-        if engine.build_config.compile if compile is None else compile:
+        self.compiled = engine.build_config.compile if compile is None else compile
+        if self.compiled:
             if engine.compile_cache is not None:
                 torch.compiler.load_cache_artifacts(engine.compile_cache)
             self.step = torch.compile(self.step, dynamic=True)
@@ -134,6 +135,8 @@ class EngineRunner:
         self.head = (
             on_device(self.engine.programs["mtp_head"], self.device).module() if self.num_heads else None
         )
+        if self.head is not None and self.compiled:  # as the step: Inductor fuses the head's small ops
+            self.head = torch.compile(self.head, dynamic=True)
         self.head_weights = [head_weights(weights, m) for m in range(1, self.num_heads + 1)]
         self.head_key_caches = [
             torch.zeros(kv_shape, dtype=self.dtype, device=self.device) for _ in self.head_weights

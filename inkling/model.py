@@ -213,8 +213,9 @@ class InklingReference(nn.Module):
         images: Sequence[torch.Tensor] | None = None,
         audios: Sequence[torch.Tensor] | None = None,
         h0: torch.Tensor | None = None,
+        draft_vocab: Sequence[int] | None = None,
     ) -> list[int]:
         """Greedy MTP drafts from x[0..N+1] by full recomputation (§5 Decoding): see `inkling.mtp.draft`."""
         from .mtp import draft
 
-        return draft(self, input_ids, num_draft_tokens, images, audios, h0)
+        return draft(self, input_ids, num_draft_tokens, images, audios, h0, draft_vocab)

@@ -92,12 +92,14 @@ def draft(
     images: Sequence[torch.Tensor] | None = None,
     audios: Sequence[torch.Tensor] | None = None,
     h0: torch.Tensor | None = None,
+    draft_vocab: Sequence[int] | None = None,
 ) -> list[int]:
     """Greedy drafts d_1..d_k for x[N+2]..x[N+k+1], k = num_draft_tokens (0..M), from x[0..N+1].
 
     `h0`: the main model's hidden states for (at least) positions 0..N, e.g. `model(input_ids)[1]`;
     computed when not given. Argmax over the real tokens (`model.num_real_tokens`); torch.argmax
-    returns the first index among exact ties.
+    returns the first index among exact ties. `draft_vocab` (sorted token ids, an engine's opt-in
+    draft vocabulary): the argmax over those tokens only, ties to the lowest id.
     """
     M = len(model.mtp)
     if not 0 <= num_draft_tokens <= M:
@@ -105,12 +107,17 @@ def draft(
     if num_draft_tokens == 0:
         return []
     e, h = _prepare(model, input_ids, images, audios, h0)
+    if draft_vocab is not None:
+        vocab = torch.tensor(sorted(draft_vocab), dtype=torch.long, device=e.device)
     e_ext = e
     drafts: list[int] = []
     for m in range(1, num_draft_tokens + 1):
         h = _run_head(model, m, h, e_ext)  # head m over positions 0..N
         logits = _head_logits(model, m, h[-1:])[0]  # position N: predicts x[N+m+1]
-        token = int(logits[: model.num_real_tokens].argmax())
+        if draft_vocab is None:
+            token = int(logits[: model.num_real_tokens].argmax())
+        else:
+            token = int(vocab[logits[vocab].argmax()])
         drafts.append(token)
         e_ext = torch.cat([e_ext, _draft_embeddings(model, [token], e)])  # d_m stands in for x[N+m+1]
     return drafts

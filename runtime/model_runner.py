@@ -122,6 +122,16 @@ class ModelRunner(EngineRunner):
         self.ring_end = [[0] * slots for _ in range(max(self.num_heads, 1))]
         self.num_real_tokens = self.engine_vocab()
         self.draft_impl = engine.config["plugin_config"]["impls"].get("mtp_draft", "reference")
+        # The draft pick's lm_head: every real row, or the rows of the engine's draft vocabulary (its
+        # own copy, so a pick reads only those; builder/draft_vocab.py) and the ids they stand for.
+        vocab = engine.config.get("draft_vocab") if self.num_heads else None
+        self.draft_ids = None if vocab is None else torch.tensor(vocab, dtype=torch.long, device=self.device)
+        self.draft_lm_head = (
+            self.weights["lm_head.weight"]
+            if vocab is None
+            else self.weights["lm_head.weight"][self.draft_ids]
+        )
+        self.num_draft_rows = self.num_real_tokens if vocab is None else len(vocab)
         self._init_graphs(cuda_graphs, pad_eager)
 
     def _init_graphs(self, cuda_graphs: bool | None, pad_eager: bool) -> None:
@@ -465,9 +475,11 @@ class ModelRunner(EngineRunner):
             if drafting:
                 rows = self.to_device((cu[1:] - 1)[drafting].long())
                 picked = torch.ops.inkling.mtp_draft(
-                    out[rows], self.head_weights[m - 1]["final_layernorm.weight"], self.weights["lm_head.weight"],
-                    self.num_real_tokens, self.config.rms_norm_eps, self.draft_impl,
+                    out[rows], self.head_weights[m - 1]["final_layernorm.weight"], self.draft_lm_head,
+                    self.num_draft_rows, self.config.rms_norm_eps, self.draft_impl,
                 )  # fmt: skip
+                if self.draft_ids is not None:
+                    picked = self.draft_ids[picked]
                 drafters = [items[j][0] for j in drafting]
                 drafted[self.to_device(torch.tensor(drafters)), m - 1] = picked
                 for i in drafters:

@@ -135,9 +135,9 @@ def expert_sink_moe(*args, config: dict | None = None) -> torch.Tensor:
     weights). Every buffer is allocated on the current stream before the fork and both streams join
     before the op returns, so nothing is freed while the side stream may use it.
     """
-    y, parts = launches(*args, config=config)
     x = args[0]
     cfg = config or select_config(None, x.shape[0])
+    y, parts = launches(*args, config=cfg)
     if not (cfg.get("overlap") and x.is_cuda and parts):
         for _, run in parts:
             run()
@@ -207,9 +207,6 @@ def launches(
     if T == 0:
         return y, []
 
-    counts = torch.empty(E, dtype=torch.int32, device=dev)  # zeroed by route()
-    topk_ids = torch.empty(T * top_k, dtype=torch.int32, device=dev)
-    rank = torch.empty_like(topk_ids)
     route_w = torch.empty(T * KS, dtype=torch.float32, device=dev)
     num_entries = T * top_k
     direct = block_m == 1  # route_kernel writes the blocks itself (its DIRECT), no align_kernel
@@ -217,6 +214,12 @@ def launches(
     sorted_rows = torch.empty(num_blocks * block_m, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=dev)
     block_rows = torch.empty(num_blocks, dtype=torch.int32, device=dev)
+    if direct:  # the align path's scratch is never touched: pass a block array in its place
+        counts = topk_ids = rank = block_rows
+    else:
+        counts = torch.empty(E, dtype=torch.int32, device=dev)  # zeroed by route()
+        topk_ids = torch.empty(T * top_k, dtype=torch.int32, device=dev)
+        rank = torch.empty_like(topk_ids)
     chunk = 64
     entry_programs = triton.cdiv(num_entries, chunk)
 

@@ -58,12 +58,17 @@ def test_mtp_benchmark_smoke(tmp_path):
         "48",
         "--repeats",
         "1",
+        "--draft_vocab_size",
+        "64",
+        "--profile",
         "--out",
         str(tmp_path),
     ]
     assert mtp_main(argv) == 0
     r = json.loads((tmp_path / "mtp.json").read_text())
     assert set(r["verify"]) == {"0", "1", "3", "8"} and r["head"]["seconds"] > 0
+    assert r["head"]["draft_rows"] == 64 and r["head"]["full_vocab_draft_seconds"] > 0
+    assert "head pass" in (tmp_path / "profile_head.txt").read_text()
 
 
 def test_load_benchmark_smoke(engine_f32, tmp_path):

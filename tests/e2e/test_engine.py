@@ -176,3 +176,23 @@ def test_compiled_engine_equals_eager(tiny_nvfp4_ckpt_dir, engine_f32, prompts, 
     assert out == eager_out
     for a, b in zip(logits, eager_logits):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+    # The MTP head program is compiled too: the heads' drafts of every round equal the eager engine's.
+    from runtime import LLMEngine, PromptInput, SamplingParams
+
+    def drafts_of(engine) -> list[list[int]]:
+        eng, seen = LLMEngine(engine), []
+        eng.draft_override = lambda rid, tokens, drafts: seen.append(list(drafts)) or drafts
+        eng.add_request(
+            "r",
+            PromptInput(prompts[0].input_ids),
+            SamplingParams(max_tokens=6, ignore_eos=True, num_draft_tokens=3),
+        )
+        while eng.has_unfinished():
+            eng.step()
+        return seen, hasattr(eng.runner.head, "_orig_mod")  # a torch.compile'd module wraps the program
+
+    compiled, is_compiled = drafts_of(loaded)
+    eager, is_eager_compiled = drafts_of(engine_f32[0])
+    assert is_compiled and not is_eager_compiled
+    assert compiled and compiled == eager

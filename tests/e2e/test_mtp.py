@@ -13,7 +13,8 @@ import random
 import pytest
 import torch
 
-from builder import BuildConfig, build
+from builder import BuildConfig, Engine, build
+from builder.config import BuildError
 from runtime import LLM, LLMEngine, PromptInput, SamplingParams
 
 from .conftest import SMALL
@@ -138,6 +139,61 @@ def test_drafts_equal_the_reference_heads(engine_f32, reference, prompts, plain)
             torch.tensor(tokens), len(drafts), images=p.images or None, audios=p.audios or None
         )
         assert drafts == want, (rid, len(tokens))
+
+
+def test_draft_vocabulary(tiny_nvfp4_ckpt_dir, engine_f32, reference, prompts, plain, tmp_path):
+    """An engine built with a draft vocabulary (every third token id), saved and loaded: its heads draft
+    only those tokens, each round's drafts equal the reference chain's argmax over the same ids (and
+    differ from the unrestricted chain's somewhere, so the restriction acts), and the greedy outputs
+    are still plain decoding's."""
+    requests, base, lens, plain_steps = plain
+    vocab = list(range(0, reference.num_real_tokens, 3))
+    built = build(
+        tiny_nvfp4_ckpt_dir, BuildConfig(dtype="float32", **SMALL), echo=False, draft_vocab=vocab[::-1]
+    )
+    assert built.config["draft_vocab"] == vocab
+    built.save(tmp_path / "engine")
+    engine = Engine.from_dir(tmp_path / "engine")
+    assert engine.config["draft_vocab"] == vocab
+    by_id = {f"k{k}": prompts[k % len(prompts)] for k in range(9)}
+    picked = [requests[i] for i in (2, 4, 8)]
+    oracle = Oracle(base, lens, seed=2)
+    out, _ = _run(engine, picked, override=oracle)
+    assert out == {rid: base[rid] for rid, _, _ in picked}
+    assert len(oracle.rounds) >= 6
+    differs = 0
+    for rid, tokens, drafts in oracle.rounds:
+        p = by_id[rid]
+        media = dict(images=p.images or None, audios=p.audios or None)
+        want = reference.draft(torch.tensor(tokens), len(drafts), draft_vocab=vocab, **media)
+        assert drafts == want, (rid, len(tokens))
+        assert all(d % 3 == 0 for d in drafts)
+        differs += want != reference.draft(torch.tensor(tokens), len(drafts), **media)
+    assert differs > 0
+    own, _ = _run(engine, requests)  # the heads' own drafts, every draft count
+    assert own == base
+
+
+@pytest.mark.parametrize(
+    "vocab, match",
+    [
+        ([], "non-empty"),
+        ([1, 1], "repeat"),
+        ([5, 10**6], "outside"),
+        ([1.5], "integers"),
+        ("12", "non-empty"),
+    ],
+)
+def test_bad_draft_vocabulary_is_refused(tiny_nvfp4_ckpt_dir, vocab, match):
+    with pytest.raises(BuildError, match=match):
+        build(tiny_nvfp4_ckpt_dir, BuildConfig(dtype="float32", **SMALL), echo=False, draft_vocab=vocab)
+    with pytest.raises(BuildError, match="no MTP heads"):
+        build(
+            tiny_nvfp4_ckpt_dir,
+            BuildConfig(dtype="float32", **{**SMALL, "max_draft_len": 0}),
+            echo=False,
+            draft_vocab=[1],
+        )
 
 
 def _kv_rows(runner, seq, layer_or_head: int, positions, head: bool):
