@@ -55,6 +55,10 @@ WORKLOADS = [
     ("decode B=1 KV 1M", 1, 1, 1048576, 0),
     ("decode B=32 KV 8K", 32, 1, 8192, 0),
     ("verify 9 KV 8K", 1, 9, 8192, 0),
+    ("verify 8 KV 8K", 1, 8, 8192, 0),
+    ("verify 6 KV 8K", 1, 6, 8192, 0),
+    ("verify 4 KV 8K", 1, 4, 8192, 0),  # MTP with 3 drafts
+    ("verify 4 KV 8K W4096", 1, 4, 8192, W),  # the same on a sliding layer (5 of 6)
     ("prefill 8K full", 1, 8192, 8192, 0),
     ("prefill 32K sliding", 1, 32768, 32768, W),
 ]
@@ -279,7 +283,12 @@ def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: 
         )
     )
     variants = {}
-    cands = PREFILL_VARIANTS if q_len > 16 else decode_variants(batch, q_len, min(kv_len, window or kv_len))
+    if q_len > 16:
+        cands = PREFILL_VARIANTS
+    elif q_len > 1:
+        cands = verify_variants(batch, q_len, min(kv_len, window or kv_len))
+    else:
+        cands = decode_variants(batch, q_len, min(kv_len, window or kv_len))
     for cfg in cands:
         if time.time() > deadline:
             break
@@ -348,6 +357,31 @@ def sdpa_or_flex_sol(x, batch, q_len, kv_len, window):
     if window:
         return flex_peer(x, batch, q_len, kv_len, window, with_bias=False)
     return sdpa_peer(x, batch, q_len, kv_len, window, with_bias=False)
+
+
+def verify_variants(batch, q_len, kv_len):
+    """The relative term as one GEMV per query row (rel_gemv) at block_n 32, 64 and 128 with half, the
+    chosen and twice the chosen splits, and eight warps; the sheared band (block_q 16, the previous
+    default) at the chosen splits."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    base = launcher.choose_config(batch, HQ, HKV, q_len, kv_len, sms)
+    gemv_q = max(triton.next_power_of_2(q_len), 2)
+    out = [  # the other form first (a budget may cut the list)
+        AttentionConfig(heads=base.heads, block_q=16, block_n=64, num_splits=base.num_splits)
+        if base.rel_gemv
+        else AttentionConfig(
+            heads=base.heads, block_q=gemv_q, block_n=32, num_splits=base.num_splits, rel_gemv=True
+        )
+    ]
+    for bn in (32, 64, 128):
+        for mult in (0.5, 1, 2):
+            ns = max(1, min(launcher.MAX_SPLITS, int(base.num_splits * mult)))
+            cfg = AttentionConfig(heads=base.heads, block_q=gemv_q, block_n=bn, num_splits=ns, rel_gemv=True)
+            if cfg not in out and cfg != base:
+                out.append(cfg)
+    out.append(AttentionConfig(heads=base.heads, block_q=gemv_q, block_n=64, num_splits=base.num_splits,
+                               num_warps=8, rel_gemv=True))  # fmt: skip
+    return out
 
 
 def decode_variants(batch, q_len, kv_len):

@@ -31,6 +31,10 @@
 #     bash bench/gpu_session.sh s12-kernels # 1 GPU: attention tests + decode bench, MoE overlap test + times
 #     bash bench/gpu_session.sh s12-e2e     # 1 GPU: e2e-compiled, batches 1..64
 #     bash bench/gpu_session.sh s13-mtp     # 1 GPU: bench.mtp compiled, with a 32768-token draft vocabulary
+#     bash bench/gpu_session.sh s13-verify  # 1 GPU: verify attention (GEMV per query row vs band): tests, bench,
+#                                           #   then bench.mtp as s13-mtp
+#     bash bench/gpu_session.sh s13-verify2 # 1 GPU: verify 6, 8, 9 queries (both forms), bench.mtp
+#     bash bench/gpu_session.sh s13-check   # 1 GPU: the verify attention and MTP engine GPU tests
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
 #                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8, compiled
 #
@@ -267,6 +271,29 @@ s13-mtp)
         --out "$OUT/mtp"
     pack s13-mtp
     ;;
+s13-verify)
+    # Session 13: a verify's relative term as one GEMV per query row (rel_gemv) against the sheared band:
+    # the GPU tests, bench.attention's verify workloads with both forms, then bench.mtp (the k=3 verify)
+    run attn_test 170 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu -k "verify"
+    run attn_bench 170 python3 bench/attention.py --only "verify" --budget-s 140 --out "$OUT/attn"
+    run mtp 220 python3 -m bench.mtp --device cuda --cuda_graphs --compile --draft_vocab_size 32768 --profile \
+        --out "$OUT/mtp"
+    pack s13-verify
+    ;;
+s13-verify2)
+    # Session 13: verify 6, 8 and 9 queries with both forms of the relative term, then bench.mtp (k=8
+    # back on the band)
+    run attn_bench 260 python3 bench/attention.py --only "verify 9,verify 8,verify 6" --budget-s 230 --out "$OUT/attn"
+    run mtp 220 python3 -m bench.mtp --device cuda --cuda_graphs --compile --draft_vocab_size 32768 --out "$OUT/mtp"
+    pack s13-verify2
+    ;;
+s13-check)
+    # Session 13: the GPU tests of what changed (verify attention's GEMV form and its eight warps; MTP on a
+    # CUDA engine; CUDA graphs against eager, MTP steps included)
+    run attn_test 150 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu -k "verify"
+    run engine_test 300 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "mtp or graphs_match"
+    pack s13-check
+    ;;
 compile)
     run e2e 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
         --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
@@ -276,7 +303,7 @@ compile)
     pack compile
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final|s12-mtp|s13-mtp}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final|s12-mtp|s13-mtp|s13-verify|s13-verify2|s13-check}" >&2
     exit 2
     ;;
 esac

@@ -29,6 +29,7 @@ def _relative_band(
     head0,
     d0,  # distance of band column 0: first query position - last key position of the tile
     R,
+    num_rows,  # the tile's real query rows (REL_GEMV skips the others: they are masked)
     DR: tl.constexpr,
     HEADS: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -36,6 +37,7 @@ def _relative_band(
     BAND: tl.constexpr,
     BAND_3D: tl.constexpr,
     SINGLE_QUERY: tl.constexpr,
+    REL_GEMV: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     scratch_ptr,  # this program's float32 [BLOCK_Q, BAND] scratch (SCRATCH only)
     SCRATCH: tl.constexpr,
@@ -44,6 +46,27 @@ def _relative_band(
     offs_dr = tl.arange(0, DR)
     a = tl.arange(0, BLOCK_Q)
     b = tl.arange(0, BLOCK_N)
+    if REL_GEMV:
+        # Verify (a few queries per head, HEADS > 1): for each real query row, decode's GEMV with that
+        # row's distances, d0 + BLOCK_N - 1 + a - b. No band and no shear (the band's tl.gather lowers
+        # to warp shuffles, ~8x decode's time per layer on the H200); row a's E rows overlap row a-1's
+        # but one, so after the first row they come from L1.
+        g = tl.arange(0, HEADS)
+        r3 = tl.reshape(r.to(tl.float32), [HEADS, BLOCK_Q, DR])
+        bias = tl.zeros([HEADS, BLOCK_Q, BLOCK_N], tl.float32)
+        for qa in tl.static_range(BLOCK_Q):
+            if qa < num_rows:
+                dist = tl.minimum(tl.maximum(d0 + (BLOCK_N - 1) + qa - b, 0), R - 1)
+                e_offs = (
+                    (head0 + g)[:, None, None] * stride_eh
+                    + dist[None, :, None] * stride_er
+                    + offs_dr[None, None, :]
+                )
+                e_rows = tl.load(e_ptr + e_offs).to(tl.float32)  # [HEADS, BLOCK_N, DR]
+                r_a = tl.sum(tl.where(a[None, :, None] == qa, r3, 0.0), axis=1)  # [HEADS, DR]
+                row = tl.sum(r_a[:, None, :] * e_rows, axis=2)  # [HEADS, BLOCK_N]
+                bias = tl.where(a[None, :, None] == qa, row[:, None, :], bias)
+        return tl.reshape(bias, [HEADS * BLOCK_Q, BLOCK_N])
     if SINGLE_QUERY:
         # Decode without REL_DOT: one query per head, so no shear: r_h . E[h, d0 + BLOCK_N - 1 - b] per
         # head (a GEMV on the CUDA cores, E in registers); rows a > 0 are padding and get a copy.
@@ -115,6 +138,7 @@ def _attend_tile(
     lo,
     hi,
     first_pos,
+    num_rows,
     seq,
     head0,
     kv_head,
@@ -143,6 +167,7 @@ def _attend_tile(
     BAND_3D: tl.constexpr,
     SINGLE_QUERY: tl.constexpr,
     REL_DOT: tl.constexpr,
+    REL_GEMV: tl.constexpr,
     PAGE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     scratch_ptr,
@@ -189,6 +214,7 @@ def _attend_tile(
             head0,
             d0,
             R,
+            num_rows,
             DR,
             HEADS,
             BLOCK_Q,
@@ -196,6 +222,7 @@ def _attend_tile(
             BAND,
             BAND_3D,
             SINGLE_QUERY,
+            REL_GEMV,
             DOT_PRECISION,
             scratch_ptr,
             SCRATCH,
@@ -263,6 +290,7 @@ def sheared_bias_attention_kernel(
     BAND_3D: tl.constexpr,
     SINGLE_QUERY: tl.constexpr,  # max_seqlen_q == 1: the relative term needs no shear
     REL_DOT: tl.constexpr,  # SINGLE_QUERY: the relative term as a pipelined tensor-core dot (else a GEMV)
+    REL_GEMV: tl.constexpr,  # HEADS > 1, several queries (verify): one GEMV per query row, no band
     PAGE: tl.constexpr,  # tokens per cache block
     SPLIT: tl.constexpr,  # num_splits > 1: write partial (o, lse) for split_kv_reduce_kernel
     DOT_PRECISION: tl.constexpr,
@@ -286,6 +314,7 @@ def sheared_bias_attention_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     first_pos = seq_len - q_len + q_tile * BLOCK_Q  # position of the tile's query 0
     last_pos = seq_len - q_len + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
+    num_rows = tl.minimum(q_len - q_tile * BLOCK_Q, BLOCK_Q)
 
     offs_m = tl.arange(0, M)
     a = offs_m % BLOCK_Q
@@ -347,6 +376,7 @@ def sheared_bias_attention_kernel(
                 lo,
                 hi,
                 first_pos,
+                num_rows,
                 seq,
                 head0,
                 kv_head,
@@ -375,6 +405,7 @@ def sheared_bias_attention_kernel(
                 BAND_3D,
                 SINGLE_QUERY,
                 REL_DOT,
+                REL_GEMV,
                 PAGE,
                 DOT_PRECISION,
                 scratch_ptr,
@@ -396,6 +427,7 @@ def sheared_bias_attention_kernel(
                 lo,
                 hi,
                 first_pos,
+                num_rows,
                 seq,
                 head0,
                 kv_head,
@@ -424,6 +456,7 @@ def sheared_bias_attention_kernel(
                 BAND_3D,
                 SINGLE_QUERY,
                 REL_DOT,
+                REL_GEMV,
                 PAGE,
                 DOT_PRECISION,
                 scratch_ptr,

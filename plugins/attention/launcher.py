@@ -35,6 +35,9 @@ class AttentionConfig:
     # Decode (one query): the relative term as a tensor-core dot whose E tile goes through the software
     # pipeline with K and V (True), or as a GEMV on the CUDA cores with E loaded into registers (False).
     rel_dot: bool = False
+    # Verify (heads > 1, several queries): the relative term as one GEMV per query row (True), or as a
+    # band product per head sheared with tl.gather (False; needs block_q >= 16).
+    rel_gemv: bool = False
 
     def __post_init__(self) -> None:
         for name in ("heads", "block_q", "block_n"):
@@ -88,17 +91,19 @@ def choose_config(
         # (H200, bench/results/attention.md: decode block_n 128 beat 64 by 1.1-2x; verify 64 beat 128)
         heads = group
         block_q = max(triton.next_power_of_2(max_seqlen_q), triton.cdiv(16, group))
-        if max_seqlen_q > 1 and block_q < 16 and group <= 8 and not float32:
-            # A verify takes the one-band-per-head path (BAND_3D needs block_q >= 16). Below 16 the
-            # heads' bands sit side by side, [group * block_q, group * band] floats per tile: on the
-            # H200 (inkling-bench, group 8, 8K context) a graphed step of 4 tokens took 20.1 ms against
-            # 8.6 ms for 9 tokens at block_q 16; and ptxas spent 180-260 s on block_q 8 (Triton 3.6).
-            # (float32 keeps its cap of 32 rows: compile time.)
-            block_q = 16
+        # A verify of up to 8 queries: the relative term as one GEMV per query row (rel_gemv), block_q
+        # the query count's power of two. H200, graph-timed (bench/results/gpu-2026-12-01/s13-verify/):
+        # 4 queries at 8K 0.050 ms against 0.280 for the band sheared with tl.gather (BAND_3D, block_q
+        # 16), 0.025 against 0.194 on a 4K-window layer. At 9 queries (block_q 16) the GEMV's 16-row
+        # tiles took 0.33-0.61 ms, slower than the band's 0.287, so 9 keeps the band. (The
+        # heads' bands side by side, below block_q 16, were slower still; ptxas spent 180-260 s on them.)
+        rel_gemv = 1 < max_seqlen_q <= 8
         block_n = 16 if small else (128 if max_seqlen_q == 1 else 64)
         # Decode: three stages (H200, graph-timed, bench/results/gpu-2026-11-30/s10/attention-decode/:
         # 3-7% faster than two at B=1 KV 8K and 128K and B=32 KV 8K; eight warps were 20-50% slower).
         num_warps, num_stages = 4, (3 if max_seqlen_q == 1 else 2)
+        if rel_gemv and heads * block_q >= 64:  # H200, 6 and 8 queries of group 8: 11-17% faster
+            num_warps = 8
         shear = "gather"
         # The relative term as a pipelined dot (rel_dot) where decode programs fill the GPU unsplit; with
         # split-KV the GEMV form (H200, graph-timed, bench/results/gpu-2026-12-01/s12-attn/: B=32 KV 8K
@@ -116,7 +121,7 @@ def choose_config(
         block_n = 16 if small else 64
         num_warps, num_stages = 4, 2
         shear = "scratch"
-        rel_dot = False
+        rel_dot = rel_gemv = False
         if float32 and not small:
             block_q = 32
     if float32:
@@ -143,6 +148,7 @@ def choose_config(
         num_stages=num_stages,
         shear=shear,
         rel_dot=rel_dot,
+        rel_gemv=rel_gemv,
     )
 
 
@@ -217,6 +223,7 @@ def sheared_bias_attention(
         o_part = lse_part = out  # unused
     grid = (triton.cdiv(max_seqlen_q, config.block_q), B * (Hq // config.heads), splits)
     scratch_shear = config.shear == "scratch" and config.heads == 1 and max_seqlen_q > 1
+    rel_gemv = config.rel_gemv and config.heads > 1 and max_seqlen_q > 1
     if scratch_shear:
         scratch = torch.empty(
             (grid[0] * grid[1] * grid[2], config.block_q, band), dtype=torch.float32, device=q.device
@@ -264,9 +271,10 @@ def sheared_bias_attention(
         BLOCK_Q=config.block_q,
         BLOCK_N=config.block_n,
         BAND=band,
-        BAND_3D=config.heads > 1 and config.block_q >= 16,
+        BAND_3D=config.heads > 1 and config.block_q >= 16 and not rel_gemv,
         SINGLE_QUERY=max_seqlen_q == 1,
         REL_DOT=config.rel_dot,
+        REL_GEMV=rel_gemv,
         PAGE=BS,
         SPLIT=splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

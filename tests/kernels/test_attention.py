@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import triton
 
 import plugins  # noqa: F401  (registers the ops)
 from inkling.ops import relative_attention
@@ -165,6 +166,7 @@ CASES = [
     ("verify-8/2", VERIFY, 8, 2, 0, 16, 64),
     ("verify-8/2-sliding", VERIFY, 8, 2, 32, 16, 64),
     ("verify-2/1", [(80, 8), (30, 3), (77, 1)], 2, 1, 32, 16, 64),
+    ("verify-16/2-q2", [(70, 2), (9, 2), (33, 1)], 16, 2, 32, 16, 64),  # group 8: block_q 2
     ("decode-8/2", DECODE, 8, 2, 0, 16, 64),
     ("decode-2/1-sliding", DECODE, 2, 1, 32, 8, 64),
 ]
@@ -187,6 +189,14 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         (VERIFY, 0, AttentionConfig(heads=4, block_q=16, block_n=16, num_splits=4)),
         # a verify of fewer queries than block_q (the GPU default for q 2..8, bf16)
         ([(100, 4), (65, 2)], 0, AttentionConfig(heads=4, block_q=16, block_n=16, num_splits=2)),
+        # the relative term as one GEMV per query row (rel_gemv, the default for a verify): block_q the
+        # query count's power of two, and padded rows in a tile, full and sliding, split or not
+        (VERIFY, 0, AttentionConfig(heads=4, block_q=16, block_n=16, num_splits=3, rel_gemv=True)),
+        (
+            [(100, 4), (65, 2), (40, 3)],
+            32,
+            AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=2, rel_gemv=True),
+        ),
         (VERIFY[:3], 32, AttentionConfig(heads=1, block_q=16, block_n=32, num_splits=2)),
         (CHUNKED[:2], 0, AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=5)),
         # the previous GPU default for prefill (gather shear, 32x32)
@@ -216,6 +226,8 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         "decode-sliding-gemv",
         "verify-packed",
         "verify-packed-short",
+        "verify-gemv",
+        "verify-gemv-short-sliding",
         "verify-unpacked",
         "chunked",
         "prefill-gather-32x32",
@@ -248,9 +260,9 @@ def test_choose_config_is_shape_only(monkeypatch):
     monkeypatch.undo()
     prefill = launcher.choose_config(4, 64, 8, 4096, 4096, num_sms=132)
     assert prefill.heads == 1 and prefill.num_splits == 1 and prefill.shear == "scratch"
-    for q_len in (2, 4, 9):  # every verify of group 8 takes one band per head (block_q 16)
-        verify = launcher.choose_config(2, 64, 8, q_len, 8192, num_sms=132)
-        assert verify.heads == 8 and verify.block_q == 16
+    for q_len, block_q in ((2, 2), (4, 4), (8, 8), (9, 16)):  # a verify of group 8: a GEMV per query row
+        verify = launcher.choose_config(2, 64, 8, q_len, 8192, num_sms=132)  # up to 8 queries, else the band
+        assert verify.heads == 8 and verify.block_q == block_q and verify.rel_gemv == (q_len <= 8)
     # float32 (tests) on the GPU: tiles of at most 32 x 32, which compile in seconds
     monkeypatch.setattr(launcher, "interpreting", lambda: False)
     for q_len in (1, 2, 4, 9, 4096):
@@ -381,6 +393,27 @@ def test_gpu_decode_variants(window, rel_dot, block_n, splits):
     )  # fmt: skip
     config = AttentionConfig(
         heads=8, block_q=2, block_n=block_n, num_splits=splits, num_stages=3, rel_dot=rel_dot
+    )
+    assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("window", [0, 256])
+@pytest.mark.parametrize("q_len", [2, 4, 8, 9])
+@pytest.mark.parametrize("rel_gemv", [True, False])
+def test_gpu_verify_variants(window, q_len, rel_gemv):
+    """Verify at inkling-bench's group (8) with the relative term as one GEMV per query row and as the
+    sheared band, distances past R, full and sliding, split, bf16; eight warps for 8-query GEMV tiles (the
+    launcher's choice)."""
+    batch = make_batch(
+        [(1500, q_len), (600, q_len), (130, q_len), (q_len, q_len)], hq=16, hkv=2, d=128, dr=32, rel=512,
+        window=window, dtype=torch.bfloat16,
+    )  # fmt: skip
+    block_q = triton.next_power_of_2(q_len) if rel_gemv else 16
+    warps = 8 if rel_gemv and block_q >= 8 else 4
+    config = AttentionConfig(
+        heads=8, block_q=max(block_q, 2), block_n=64, num_splits=5, num_warps=warps, rel_gemv=rel_gemv
     )
     assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
 
