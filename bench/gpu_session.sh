@@ -35,6 +35,7 @@
 #                                           #   then bench.mtp as s13-mtp
 #     bash bench/gpu_session.sh s13-verify2 # 1 GPU: verify 6, 8, 9 queries (both forms), bench.mtp
 #     bash bench/gpu_session.sh s13-check   # 1 GPU: the verify attention and MTP engine GPU tests
+#     bash bench/gpu_session.sh s13-e2e-mtp # 1 GPU: e2e batch 1 with 3 drafts every step, compiled, draft vocab
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
 #                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8, compiled
 #
@@ -294,6 +295,14 @@ s13-check)
     run engine_test 300 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "mtp or graphs_match"
     pack s13-check
     ;;
+s13-e2e-mtp)
+    # Session 13: the e2e decode at batch 1 with 3 drafts every step (the adaptive policy off: random
+    # heads accept nothing), compiled, a 32768-token draft vocabulary: a whole MTP round as the runtime runs it
+    run e2e_mtp 360 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile \
+        --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --output_len 256 --batches 1 \
+        --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e-mtp"
+    pack s13-e2e-mtp
+    ;;
 compile)
     run e2e 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 512 \
         --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
@@ -303,7 +312,7 @@ compile)
     pack compile
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final|s12-mtp|s13-mtp|s13-verify|s13-verify2|s13-check}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final|s12-mtp|s13-mtp|s13-verify|s13-verify2|s13-check|s13-e2e-mtp}" >&2
     exit 2
     ;;
 esac

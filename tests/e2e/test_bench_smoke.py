@@ -22,13 +22,22 @@ def test_e2e_benchmark_smoke(tmp_path):
 
 
 def test_e2e_benchmark_with_mtp_smoke(tmp_path):
-    """--num_draft_tokens: the preset's heads are synthesized, every step drafts; random heads accept
-    little, so tokens per step stay near 1 (acceptance length >= 1 by the bonus token)."""
+    """--num_draft_tokens: the preset's heads are synthesized; random heads accept little, so tokens per
+    step stay near 1 (acceptance length >= 1 by the bonus token). --fixed_drafts keeps drafting (the
+    adaptive policy restored afterwards), with a draft vocabulary."""
+    import runtime.engine
+
+    policy = runtime.engine.next_num_drafts
     argv = ["--preset", "inkling-tiny", "--device", "cpu", "--prompt_len", "64", "--output_len", "10",
-            "--batches", "2", "--num_draft_tokens", "2", "--reference_peers", "", "--out", str(tmp_path)]  # fmt: skip
+            "--batches", "2", "--num_draft_tokens", "2", "--fixed_drafts", "--draft_vocab_size", "100",
+            "--reference_peers", "", "--out", str(tmp_path)]  # fmt: skip
     assert main(argv) == 0
-    d = json.loads((tmp_path / "results.json").read_text())["decode"]["2"]
+    assert runtime.engine.next_num_drafts is policy
+    r = json.loads((tmp_path / "results.json").read_text())
+    d = r["decode"]["2"]
     assert d["tokens_per_request"] == 10 and 1.0 <= d["acceptance_length"] <= 3.0
+    assert r["fixed_drafts"] and r["draft_vocab_size"] == 100
+    assert d["mtp_steps"] >= 2 * d["decode_steps_timed"]  # both requests drafted in every timed step
     assert "MTP acceptance length, batch 2" in (tmp_path / "results.md").read_text()
 
 
