@@ -182,22 +182,42 @@ class PipelineModel:
         params = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in PARAMS) if t is not None]
         rid = uuid.uuid4().hex
         mode = [tensor("stream", [stream], np.bool_)]  # not streamed: inkling sends one response at the end
+        # exec() returns once inkling's first response is in. Unstreamed, that is its answer at the end, so
+        # inkling first sends an empty "accepted" response (parameter ack), and the wait below can poll.
         responses = pb_utils.InferenceRequest(
             model_name="inkling",
             inputs=prompt + params + mode,
             requested_output_names=list(OUTPUTS),
             request_id=rid,
+            parameters={"ack": not stream},
         ).exec(decoupled=True)
         if stream:
             self._relay(responses, sender, rid)
             return
-        got = []
-        for r in responses:
+        # One response at the end. The wait polls the client's cancellation (inkling's answer may be
+        # minutes away): a cancelled call gets inkling's request aborted, which frees its cache blocks.
+        inbox = _read_in_background(responses)
+        got, cancelled = [], False
+        while True:
+            try:
+                item = inbox.get(timeout=CANCEL_CHECK_S)
+            except queue.Empty:
+                if not cancelled and sender.is_cancelled():
+                    cancelled = True
+                    _abort(rid)
+                continue
+            if item is None:
+                break
+            r = item[1]
+            if isinstance(r, Exception):
+                raise r
             if r.has_error():
                 raise StepError(r.error().message(), r.error().code())
             if r.output_tensors():  # else a bare final flag
                 _raise_if_failed(r)
                 got.append(r)
+        if cancelled:
+            raise StepError("the request was cancelled by its client", pb_utils.TritonError.CANCELLED)
         if not got:
             raise StepError("inkling ended the stream without a response", pb_utils.TritonError.INTERNAL)
         sender.send(Delta.joined(got).response(), flags=FINAL)
@@ -207,17 +227,7 @@ class PipelineModel:
         come; each send carries every delta that arrived while the previous send was under way, merged
         into one response (so a relay that falls behind sends fewer, larger responses, and one that keeps
         up adds no delay). A client that cancels gets inkling's request aborted."""
-        inbox: queue.SimpleQueue = queue.SimpleQueue()
-
-        def read() -> None:
-            try:
-                for r in responses:
-                    inbox.put((time.monotonic(), r))
-            except Exception as e:  # noqa: BLE001  (handed to the sending thread)
-                inbox.put((time.monotonic(), e))
-            inbox.put(None)
-
-        threading.Thread(target=read, name="pipeline-relay", daemon=True).start()
+        inbox = _read_in_background(responses)
         cancelled, checked_at, ended = False, time.monotonic(), False
         while not ended:
             batch = [inbox.get()]
@@ -276,11 +286,32 @@ class PipelineModel:
                 self.metrics_due = time.monotonic() + METRICS_PERIOD_S
 
 
+def _read_in_background(responses: Any) -> queue.SimpleQueue:
+    """A thread takes inkling's responses off its BLS stream as they come: (arrival time, response or the
+    exception that ended the stream) items, then None."""
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            for r in responses:
+                inbox.put((time.monotonic(), r))
+        except Exception as e:  # noqa: BLE001  (handed to the waiting thread)
+            inbox.put((time.monotonic(), e))
+        inbox.put(None)
+
+    threading.Thread(target=read, name="pipeline-read", daemon=True).start()
+    return inbox
+
+
 def _raise_if_failed(r: Any) -> None:
-    """inkling ends a stream that failed after its first response with finish_reason "error" and the reason
-    as its text (an error response there would not reach this BLS): an error for the client."""
-    if _str(pb_utils.get_output_tensor_by_name(r, "finish_reason").as_numpy()) == "error":
+    """inkling ends a stream that failed after its first response with finish_reason "error" (or "rejected":
+    a request it cannot serve) and the reason as its text (an error response there would not reach this
+    BLS): an error for the client."""
+    reason = _str(pb_utils.get_output_tensor_by_name(r, "finish_reason").as_numpy())
+    if reason in ("error", "rejected"):
         text = _str(pb_utils.get_output_tensor_by_name(r, "text_output").as_numpy())
+        if reason == "rejected":
+            raise StepError(text or "request rejected", pb_utils.TritonError.INVALID_ARG)
         raise StepError(text or "generation failed", pb_utils.TritonError.INTERNAL)
 
 

@@ -6,7 +6,8 @@ its own (runtime.engine_process), so that this stub's Python work never holds up
 queues it; one sender thread turns deltas into responses, so the engine never waits on Triton. Where
 the sender falls behind, the deltas of a request queued by then go out as one response (never a
 request's first delta: the first token goes out alone); a request with `stream` false gets one
-response at its end. The sender also notices cancelled requests (client cancel or disconnect) and
+response at its end (and, when its request parameter `ack` is true, an empty one first: a BLS caller's
+exec() returns on the first response, and the pipeline's wait must stay free to see its client cancel). The sender also notices cancelled requests (client cancel or disconnect) and
 aborts them in the runtime, which frees their cache blocks at once, and publishes the cache statistics
 as gauges on Triton's metrics endpoint. If the engine process dies, its requests in flight end with an
 error and another one is started; until it serves, execute() answers UNAVAILABLE. An engine built with
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import queue
 import threading
 import time
@@ -113,6 +115,7 @@ class TritonPythonModel:
     def execute(self, requests: list) -> None:
         for request in requests:
             sender = request.get_response_sender()
+            acked = False
             try:
                 abort_ids = strings(request, "abort_request_id")
                 if abort_ids:
@@ -121,9 +124,14 @@ class TritonPythonModel:
                     continue
                 prompt, params = self._parse(request)
                 stream = bool(scalar(request, "stream", True, bool))
+                if not stream and _wants_ack(request):
+                    # An empty response now: a BLS caller's exec() returns on the first response, and one
+                    # that waits for an unstreamed answer must stay free to notice its client's cancel.
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[]))
+                    acked = True
                 rid = uuid.uuid4().hex
                 with self.lock:
-                    self.in_flight[rid] = InFlight(sender, request.request_id(), stream)
+                    self.in_flight[rid] = InFlight(sender, request.request_id(), stream, responded=acked)
                 try:
                     self.loop.submit(rid, prompt, params, self.outbox.put)
                 except BaseException:
@@ -131,11 +139,11 @@ class TritonPythonModel:
                         self.in_flight.pop(rid, None)
                     raise
             except (RequestError, ValueError) as e:
-                sender.send(error(str(e)), flags=FINAL)
+                _fail(sender, acked, str(e), "rejected")
             except EngineGone as e:  # a new engine process is on its way (_engine_exited)
-                sender.send(error(f"{e}; restarting it", pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+                _fail(sender, acked, f"{e}; restarting it", "error", pb_utils.TritonError.UNAVAILABLE)
             except Exception as e:  # a bad request must never take the model down
-                sender.send(error(f"inkling failed: {type(e).__name__}: {e}"), flags=FINAL)
+                _fail(sender, acked, f"inkling failed: {type(e).__name__}: {e}", "error")
         return None
 
     def _parse(self, request: Any) -> tuple[PromptInput, SamplingParams]:
@@ -274,18 +282,17 @@ class TritonPythonModel:
             req.responded = True
         elif req.cancelled or req.sender.is_cancelled():
             req.sender.send(flags=FINAL)  # the client is gone: nothing to say
+        elif d.finish_reason in ("rejected", "error") and req.responded:
+            # After responses have gone out (deltas, or an unstreamed request's empty first one), an error
+            # response does not reach a BLS caller (Triton 2.51: the `ensemble` relay waited for it
+            # forever), so the stream ends with a response whose finish_reason is "error" or "rejected"
+            # and whose text_output is the reason; the pipeline turns it into an error for its client.
+            reason = d.error or ("request rejected" if d.finish_reason == "rejected" else "generation failed")
+            req.sender.send(self._response(dataclasses.replace(d, text=reason)), flags=FINAL)
         elif d.finish_reason == "rejected":  # a request the engine cannot serve
             req.sender.send(error(d.error or "request rejected"), flags=FINAL)
-        elif d.finish_reason == "error" and not req.responded:
-            req.sender.send(error(d.error or "generation failed", pb_utils.TritonError.INTERNAL), flags=FINAL)
         elif d.finish_reason == "error":
-            # After responses have gone out, an error response does not reach a BLS caller (Triton 2.51:
-            # the `ensemble` relay waited for it forever), so the stream ends with a response whose
-            # finish_reason is "error" and whose text_output is the reason; the pipeline turns it into
-            # an error for its client.
-            req.sender.send(
-                self._response(dataclasses.replace(d, text=d.error or "generation failed")), flags=FINAL
-            )
+            req.sender.send(error(d.error or "generation failed", pb_utils.TritonError.INTERNAL), flags=FINAL)
         else:
             req.sender.send(self._response(d), flags=FINAL)
 
@@ -354,3 +361,24 @@ class TritonPythonModel:
         self.sender.join(5)
         self.gauges.clear()
         self.metric_families = ()
+
+
+def _fail(sender: Any, acked: bool, message: str, reason: str, code: Any = None) -> None:
+    """End a request that failed in execute(): an error response, or after an ack (which a BLS caller has
+    received, so an error response would not reach it) a final response with finish_reason `reason`."""
+    if not acked:
+        sender.send(error(message, code), flags=FINAL)
+        return
+    response = pb_utils.InferenceResponse(
+        output_tensors=[string_tensor("text_output", message), string_tensor("finish_reason", reason)]
+    )
+    sender.send(response, flags=FINAL)
+
+
+def _wants_ack(request: Any) -> bool:
+    """The request's parameter "ack" (a BLS caller's, see model_repo/pipeline.py): true asks for an empty
+    response before an unstreamed answer."""
+    try:
+        return bool(json.loads(request.parameters() or "{}").get("ack", False))
+    except (ValueError, AttributeError):
+        return False
