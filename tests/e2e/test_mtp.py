@@ -8,12 +8,13 @@ standing on their own drafts, as in a real run, and the engine must tell which o
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 import torch
 
-from builder import BuildConfig, Engine, build
+from builder import BuildConfig, Engine, EngineError, build
 from builder.config import BuildError
 from runtime import LLM, LLMEngine, PromptInput, SamplingParams
 
@@ -172,6 +173,12 @@ def test_draft_vocabulary(tiny_nvfp4_ckpt_dir, engine_f32, reference, prompts, p
     assert differs > 0
     own, _ = _run(engine, requests)  # the heads' own drafts, every draft count
     assert own == base
+    config_path = tmp_path / "engine" / "config.json"  # a hand-edited engine: a clear error at load
+    config = json.loads(config_path.read_text())
+    config["draft_vocab"] = [3, 3]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(EngineError, match="corrupt: draft_vocab: token ids repeat"):
+        Engine.from_dir(tmp_path / "engine")
 
 
 @pytest.mark.parametrize(
