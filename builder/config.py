@@ -93,8 +93,10 @@ class BuildConfig:
     device: str = "cpu"
     tp_size: int = 1
     # torch.compile the step program at build and save the compiler's cache artifacts in the engine, so
-    # that a load compiles from them. Off by default: not yet run on the GPU, and on the CPU the saved
-    # artifacts missed Inductor's FX graph cache in a fresh process (BENCHMARKS.md).
+    # that a load compiles from them; the runtime then compiles the MTP head program too. Off by default:
+    # the build's compile step warms a second runner (another set of KV caches) and tp > 1 builds do not
+    # support it yet. A GPU engine that serves should use it: Inductor's fusion takes inkling-bench's
+    # batch-1 decode step from 2.82 to 2.60 ms on the H200 (BENCHMARKS.md "Engine build and load").
     compile: bool = False
     plugin_config: PluginConfig = field(default_factory=PluginConfig)
 
