@@ -36,6 +36,8 @@
 #     bash bench/gpu_session.sh s13-verify2 # 1 GPU: verify 6, 8, 9 queries (both forms), bench.mtp
 #     bash bench/gpu_session.sh s13-check   # 1 GPU: the verify attention and MTP engine GPU tests
 #     bash bench/gpu_session.sh s13-e2e-mtp # 1 GPU: e2e batch 1 with 3 drafts every step, compiled, draft vocab
+#     bash bench/gpu_session.sh s14-host    # 1 GPU: CUDA-graph/MTP engine tests, bench.host on the tiny engine
+#     bash bench/gpu_session.sh s14-mtp     # 1 GPU: bench.mtp as s13-mtp, then the e2e MTP round (s13-e2e-mtp)
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
 #                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8, compiled
 #
@@ -295,6 +297,24 @@ s13-check)
     run engine_test 300 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "mtp or graphs_match"
     pack s13-check
     ;;
+s14-host)
+    # Session 14: the staged graph inputs (one pinned copy a call, NumPy-built), the head passes' one copy of
+    # ids and indices, the fused sconv rollback: the CUDA-graph and MTP engine tests, then the host's work
+    # per step on the tiny CUDA engine (bench.host), then bench.mtp (its head pass against session 13's)
+    run engine_test 300 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "mtp or graphs or overlap"
+    tiny_engine /tmp/engine-cuda >"$OUT/tiny_build.log" 2>&1
+    run host 120 python3 -m bench.host --engine /tmp/engine-cuda --batch 1 8 --drafts 0 3 --out "$OUT/host"
+    pack s14-host
+    ;;
+s14-mtp)
+    # Session 14: bench.mtp as s13-mtp (head pass, replay alone), then the e2e MTP round (s13-e2e-mtp)
+    run mtp 300 python3 -m bench.mtp --device cuda --cuda_graphs --compile --draft_vocab_size 32768 \
+        --out "$OUT/mtp"
+    run e2e_mtp 270 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile \
+        --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --output_len 128 --batches 1 \
+        --decode_budget_s 15 --reference_peers "" --out "$OUT/e2e-mtp"
+    pack s14-mtp
+    ;;
 s13-e2e-mtp)
     # Session 13: the e2e decode at batch 1 with 3 drafts every step (the adaptive policy off: random
     # heads accept nothing), compiled, a 32768-token draft vocabulary: a whole MTP round as the runtime runs it
@@ -312,7 +332,7 @@ compile)
     pack compile
     ;;
 *)
-    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final|s12-mtp|s13-mtp|s13-verify|s13-verify2|s13-check|s13-e2e-mtp}" >&2
+    echo "usage: bash bench/gpu_session.sh {graphs|mtp|e2e|e2e-mtp|attn-e2e|tp|tp-tests|tp-bench|overlap|e2e-overlap|x2|serving|mtp-moe|tp-moe|moe-ncu|moe-decode|compile|e2e-compiled|serving-quick|moe-e2e|s12-kernels|s12-attn|s12-e2e|s12-final|s12-mtp|s13-mtp|s13-verify|s13-verify2|s13-check|s13-e2e-mtp|s14-host|s14-mtp}" >&2
     exit 2
     ;;
 esac

@@ -486,14 +486,16 @@ class LLMEngine:
         so it stays valid iff t + m < drafts_from + (number of head drafts that proved right)."""
         if seq.drafts_from is None:
             return
-        known = seq.tokens[seq.drafts_from :]
+        known = seq.token_range(seq.drafts_from, len(seq))
         right = 0
         while right < min(len(known), len(seq.head_drafts)) and known[right] == seq.head_drafts[right]:
             right += 1
+        counts = []
         for m in range(1, len(seq.head_computed) + 1):
             valid = min(seq.head_computed[m - 1], seq.drafts_from + right - m)
-            self.runner.rollback(seq.slot, seq.head_computed[m - 1] - valid, head=m)
+            counts.append(seq.head_computed[m - 1] - valid)
             seq.head_computed[m - 1] = valid
+        self.runner.rollback_heads(seq.slot, counts)
         seq.head_drafts, seq.drafts_from = [], None
 
     def _draft(self, heads: list[tuple[Sequence, torch.Tensor, int]]) -> None:
@@ -516,7 +518,7 @@ class LLMEngine:
             if d:
                 w.seq.drafts = list(d)
                 w.seq.head_drafts = list(d)
-                w.seq.drafts_from = len(w.seq.tokens)
+                w.seq.drafts_from = len(w.seq)
             if self.draft_override is not None and d:
                 w.seq.drafts = list(self.draft_override(w.seq.request_id, list(w.seq.tokens), list(d)))
 
@@ -598,7 +600,7 @@ class LLMEngine:
             snap = self.blocks.register(
                 seq.blocks,
                 index,
-                seq.tokens[index * bs : (index + 1) * bs],
+                seq.token_range(index * bs, (index + 1) * bs),
                 self._block_media(seq, index),
                 restorable,
             )
@@ -629,10 +631,12 @@ class LLMEngine:
         self._held = [d for d in self._held if d.request_id != request_id]
         seq.num_computed = new_computed
         seq.drafts, seq.head_drafts, seq.drafts_from = [], [], None
+        counts = []
         for m in range(1, len(seq.head_computed) + 1):  # head m at t reads tokens up to t + m
             valid = max(0, min(seq.head_computed[m - 1], new_len - 1 - m))
-            self.runner.rollback(seq.slot, seq.head_computed[m - 1] - valid, head=m)
+            counts.append(seq.head_computed[m - 1] - valid)
             seq.head_computed[m - 1] = valid
+        self.runner.rollback_heads(seq.slot, counts)
         del seq.output_ids[len(seq.output_ids) - n :]
         self.blocks.truncate(seq.blocks, new_len)
         if state.detok is not None:

@@ -13,6 +13,7 @@ import dataclasses
 import gc
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -69,6 +70,14 @@ class HeadWork:
     fresh_rows: torch.Tensor
     num_heads: int
     num_drafts: int
+
+
+def fed_tokens(seq: Sequence, drafts: list[int], start: int, n: int) -> list[int]:
+    """(seq.tokens + drafts)[start : start + n], copying only those tokens."""
+    K = len(seq)
+    if start + n <= K:
+        return seq.token_range(start, start + n)
+    return seq.token_range(min(start, K), K) + drafts[max(0, start - K) : start + n - K]
 
 
 GRAPH_OPS = ("sheared_bias_attention", "sconv", "expert_sink_moe")  # the ops a graph may hold (no host sync)
@@ -132,6 +141,8 @@ class ModelRunner(EngineRunner):
             else self.weights["lm_head.weight"][self.draft_ids]
         )
         self.num_draft_rows = self.num_real_tokens if vocab is None else len(vocab)
+        # The media splice's dummy row of every step and head pass (no program writes it).
+        self.splice_row = torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=self.device)
         self._init_graphs(cuda_graphs, pad_eager)
 
     def _init_graphs(self, cuda_graphs: bool | None, pad_eager: bool) -> None:
@@ -269,46 +280,47 @@ class ModelRunner(EngineRunner):
 
     def step_inputs(self, batch: list[ScheduledSeq], input_ids: torch.Tensor | None = None) -> StepInputs:
         """The batch's tokens (or `input_ids`), media, block tables, slot mappings and state slots (host
-        tensors, but media embeddings and input_ids stay where they are)."""
-        bs = self.block_size
-        B = len(batch)
-        q_lens = [s.num_tokens for s in batch]
-        cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+        tensors built with NumPy, but media embeddings and input_ids stay where they are)."""
+        bs, G, B = self.block_size, self.num_groups, len(batch)
+        q_lens = np.array([s.num_tokens for s in batch], dtype=np.int64)
+        cu = np.zeros(B + 1, dtype=np.int32)
+        np.cumsum(q_lens, out=cu[1:])
         T = int(cu[-1])
-        mb = self.build.max_blocks_per_seq
-        tables = torch.full((self.num_groups, B, mb), FREED, dtype=torch.int32)
-        slots = torch.full((self.num_groups, T), -1, dtype=torch.int64)
-        ids, mm_rows, mm_pos = [], [], []
+        tables = np.full((G, B, self.build.max_blocks_per_seq), FREED, dtype=np.int32)
+        slots = np.full((G, T), -1, dtype=np.int64)
+        ids = np.empty(T if input_ids is None else 0, dtype=np.int64)
+        mm_rows, mm_pos = [], []
         for b, s in enumerate(batch):
-            seq = s.seq
+            seq, lo, hi = s.seq, int(cu[b]), int(cu[b + 1])
+            pos = np.arange(s.start, s.start + s.num_tokens)
             for g, table in enumerate(seq.blocks.tables):
-                tables[g, b, : len(table)] = torch.tensor(table, dtype=torch.int32)
-            pos = torch.arange(s.start, s.start + s.num_tokens)
-            for g in range(self.num_groups):
-                slots[g, cu[b] : cu[b + 1]] = tables[g, b, pos // bs].long() * bs + pos % bs
+                row = tables[g, b, : len(table)]
+                row[:] = table
+                slots[g, lo:hi] = row[pos // bs].astype(np.int64) * bs + pos % bs
             if input_ids is None:
-                fed = (seq.tokens + seq.drafts[: s.num_drafts])[s.start : s.start + s.num_tokens]
-                ids.append(torch.tensor(fed, dtype=torch.long))
-            for row, p in enumerate(seq.mm_positions):
+                ids[lo:hi] = fed_tokens(seq, seq.drafts[: s.num_drafts], s.start, s.num_tokens)
+            for r, p in enumerate(seq.mm_positions):
                 if s.start <= p < s.start + s.num_tokens:
-                    mm_rows.append(seq.mm_embeds[row : row + 1])
-                    mm_pos.append(int(cu[b]) + p - s.start)
-        mm_rows.append(torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=self.device))
+                    mm_rows.append(seq.mm_embeds[r : r + 1])
+                    mm_pos.append(lo + p - s.start)
+        mm_rows.append(self.splice_row)
         mm_pos.append(T)
-        logits_idx = torch.cat(
-            [torch.arange(int(cu[b + 1]) - 1 - s.num_drafts, int(cu[b + 1])) for b, s in enumerate(batch)]
-        )
+        num_drafts = np.array([s.num_drafts for s in batch], dtype=np.int64)
+        # Each sequence's last 1 + num_drafts rows.
+        logits_idx = np.concatenate([np.arange(int(c) - 1 - k, int(c)) for c, k in zip(cu[1:], num_drafts)])
+        if len(mm_rows) > 1:
+            mm_rows = [torch.cat([r.to(self.device, self.dtype) for r in mm_rows])]
         return StepInputs(
-            input_ids=torch.cat(ids) if input_ids is None else input_ids,
-            mm_embeds=torch.cat([r.to(self.device, self.dtype) for r in mm_rows]),
+            input_ids=torch.from_numpy(ids) if input_ids is None else input_ids,
+            mm_embeds=mm_rows[0],
             mm_positions=torch.tensor(mm_pos),
-            cu_seqlens_q=cu,
+            cu_seqlens_q=torch.from_numpy(cu),
             seq_lens=torch.tensor([s.start + s.num_tokens for s in batch], dtype=torch.int32),
-            block_tables=tables,
-            slot_mappings=slots,
+            block_tables=torch.from_numpy(tables),
+            slot_mappings=torch.from_numpy(slots),
             state_indices=torch.tensor([s.seq.slot for s in batch], dtype=torch.int32),
-            logits_indices=logits_idx,
-            q_bound=torch.zeros(max(q_lens), dtype=torch.int8),
+            logits_indices=torch.from_numpy(logits_idx),
+            q_bound=torch.zeros(int(q_lens.max()), dtype=torch.int8),
         )
 
     # Sconv states.
@@ -343,8 +355,15 @@ class ModelRunner(EngineRunner):
         if n and head == 0:
             self._mirror("rollback", slot, n)
         if n:
-            for state in self.conv_states if head == 0 else self.head_conv_states[head - 1]:
-                state[slot, n:] = state[slot, :-n].clone()
+            states = self.conv_states if head == 0 else self.head_conv_states[head - 1]
+            _shift_rows(slot, [(state, n) for state in states])
+
+    def rollback_heads(self, slot: int, counts: list[int]) -> None:
+        """rollback(slot, counts[m-1], head=m) for every MTP head, in one go."""
+        if any(not 0 <= n <= self.build.max_draft_len for n in counts):
+            raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {counts}")
+        pairs = [(state, n) for states, n in zip(self.head_conv_states, counts) if n for state in states]
+        _shift_rows(slot, pairs)
 
     def memory_reports(self) -> list[dict]:
         """`memory_report()` of every rank, rank 0 first."""
@@ -384,7 +403,7 @@ class ModelRunner(EngineRunner):
         Head m runs over the positions [seq.head_computed[m-1], end) where end is the main model's
         computed length P when the head drafts (m <= num_drafts: position P-1 reads the draft of head
         m-1 in place of the unknown token) and otherwise min(P, K-m), the positions whose inputs are
-        all known (K = len(seq.tokens)): a head that does not draft stays current without an lm_head
+        all known (K = len(seq)): a head that does not draft stays current without an lm_head
         pass, so it can draft again later. Its input h^{m-1} comes from head m-1's output of this round
         or, for older positions, from the hidden-state ring (h^0: the step's hidden states).
 
@@ -392,7 +411,6 @@ class ModelRunner(EngineRunner):
         there (an input id written on the device), and host inputs travel from pinned memory, so the
         host prepares head m+1 while head m runs and waits once per round, not once per head.
         """
-        bs, H = self.block_size, self.config.hidden_size
         num_drafts = [0] * len(work)  # drafts made so far, per work item (its row of `drafted`)
         width = max([w.num_drafts for w in work] + [1])
         drafted = torch.zeros(len(work), width, dtype=torch.long, device=self.device)
@@ -405,85 +423,29 @@ class ModelRunner(EngineRunner):
                 if m > w.num_heads:
                     continue
                 start = w.seq.head_computed[m - 1]
-                end = w.computed if m <= w.num_drafts else min(w.computed, len(w.seq.tokens) - m)
+                end = w.computed if m <= w.num_drafts else min(w.computed, len(w.seq) - m)
                 if end > start:
                     items.append((i, start, end))
                 else:
                     fresh[i] = (end, None)
             if not items:
                 continue
-            h_prev, ids, mm_rows, mm_pos = [], [], [], []
-            lens, seq_lens, slots, tables = [], [], [], []
-            holes: list[tuple[int, int, int]] = []  # ids read from `drafted`: (row, work item, draft)
-            offset = 0
-            for i, start, end in items:
-                seq = work[i].seq
-                h_prev.append(self._head_inputs(m - 1, seq.slot, start, end, *fresh[i]))
-                known = seq.tokens[start + m : end + m]  # the positions after these read drafts
-                for r in range(len(known), end - start):
-                    d = start + m + r - len(seq.tokens)  # the draft that position start + r reads
-                    if d >= num_drafts[i]:
-                        raise RuntimeError(
-                            f"MTP head {m} reads draft {d} of a sequence that has {num_drafts[i]}"
-                        )
-                    holes.append((offset + r, i, d))
-                ids.append(torch.tensor(known + [0] * (end - start - len(known)), dtype=torch.long))
-                for row, p in enumerate(seq.mm_positions):
-                    if start + m <= p < end + m:
-                        mm_rows.append(seq.mm_embeds[row : row + 1])
-                        mm_pos.append(offset + p - start - m)
-                table = torch.tensor(seq.blocks.tables[0], dtype=torch.int32)
-                pos = torch.arange(start, end)
-                slots.append(table[pos // bs].long() * bs + pos % bs)
-                tables.append(table)
-                lens.append(end - start)
-                seq_lens.append(end)
-                offset += end - start
-            dev = self.device
-            mm_rows.append(torch.zeros(1, H, dtype=self.dtype, device=dev))
-            mm_pos.append(offset)
-            cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
-            table = torch.full((len(items), self.build.max_blocks_per_seq), FREED, dtype=torch.int32)
-            for j, t in enumerate(tables):
-                table[j, : len(t)] = t
-            ids = torch.cat(ids)
-            if holes:
-                ids = self.to_device(ids)
-                rows_, items_, index_ = (self.to_device(torch.tensor(x)) for x in zip(*holes))
-                ids[rows_] = drafted[items_, index_]
-            args = [
-                self.head_weights[m - 1],
-                torch.cat(h_prev),
-                ids,
-                torch.cat([r.to(dev, self.dtype) for r in mm_rows]),
-                torch.tensor(mm_pos),
-                cu,
-                torch.tensor(seq_lens, dtype=torch.int32),
-                table,
-                torch.cat(slots),
-                torch.tensor([work[i].seq.slot for i, _, _ in items], dtype=torch.int32),
-                torch.zeros(max(lens), dtype=torch.int8),
-                self.head_key_caches[m - 1],
-                self.head_value_caches[m - 1],
-                self.head_conv_states[m - 1],
-            ]  # ragged inputs on the host: the head graphs copy them into a bucket's buffers
+            drafting = [j for j, (i, _, _) in enumerate(items) if m <= work[i].num_drafts]
+            args, cu, index = self._head_args(m, work, items, fresh, num_drafts, drafted, drafting)
             if self.head_graphs is not None:
                 (out,) = self.head_graphs(args, variant=m)
             else:
-                out = self.head(*[a.to(dev) if isinstance(a, torch.Tensor) else a for a in args])
-            drafting = [j for j, (i, _, _) in enumerate(items) if m <= work[i].num_drafts]
+                out = self.head(*[a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args])
             if drafting:
-                rows = self.to_device((cu[1:] - 1)[drafting].long())
                 picked = torch.ops.inkling.mtp_draft(
-                    out[rows], self.head_weights[m - 1]["final_layernorm.weight"], self.draft_lm_head,
-                    self.num_draft_rows, self.config.rms_norm_eps, self.draft_impl,
+                    out[index["last_rows"]], self.head_weights[m - 1]["final_layernorm.weight"],
+                    self.draft_lm_head, self.num_draft_rows, self.config.rms_norm_eps, self.draft_impl,
                 )  # fmt: skip
                 if self.draft_ids is not None:
                     picked = self.draft_ids[picked]
-                drafters = [items[j][0] for j in drafting]
-                drafted[self.to_device(torch.tensor(drafters)), m - 1] = picked
-                for i in drafters:
-                    num_drafts[i] += 1
+                drafted[index["drafters"], m - 1] = picked
+                for j in drafting:
+                    num_drafts[items[j][0]] += 1
             for j, (i, start, end) in enumerate(items):
                 rows_m = out[int(cu[j]) : int(cu[j + 1])]
                 fresh[i] = (start, rows_m)
@@ -493,20 +455,103 @@ class ModelRunner(EngineRunner):
         rows = drafted.tolist() if any(num_drafts) else []  # the round's one wait for the device
         return [rows[i][:n] if n else [] for i, n in enumerate(num_drafts)]
 
+    def _head_args(
+        self,
+        m: int,
+        work: list[HeadWork],
+        items: list[tuple[int, int, int]],
+        fresh: list[tuple[int, torch.Tensor | None]],
+        num_drafts: list[int],
+        drafted: torch.Tensor,
+        drafting: list[int],
+    ) -> tuple[list, np.ndarray, dict[str, torch.Tensor]]:
+        """Head m's program arguments over `items` (work item, first position, end), with the ids that
+        read drafts filled from `drafted` on the device; its cu_seqlens (host) and the device index
+        vectors of the pick (`last_rows`: each drafting item's last row, `drafters`: its work item).
+        Ragged inputs stay on the host (the head graphs copy them in one transfer); the ids and index
+        vectors reach the device in one copy."""
+        bs = self.block_size
+        lens = np.array([end - start for _, start, end in items], dtype=np.int64)
+        cu = np.zeros(len(items) + 1, dtype=np.int32)
+        np.cumsum(lens, out=cu[1:])
+        T = int(cu[-1])
+        ids = np.zeros(T, dtype=np.int64)
+        table = np.full((len(items), self.build.max_blocks_per_seq), FREED, dtype=np.int32)
+        slots = np.empty(T, dtype=np.int64)
+        h_prev, mm_rows, mm_pos = [], [], []
+        holes: list[tuple[int, int, int]] = []  # ids read from `drafted`: (row, work item, draft)
+        for j, (i, start, end) in enumerate(items):
+            seq, lo = work[i].seq, int(cu[j])
+            h_prev.extend(self._head_inputs(m - 1, seq.slot, start, end, *fresh[i]))
+            known = seq.token_range(start + m, min(end + m, len(seq)))  # later positions read drafts
+            ids[lo : lo + len(known)] = known
+            for r in range(len(known), end - start):
+                d = start + m + r - len(seq)  # the draft that position start + r reads
+                if d >= num_drafts[i]:
+                    raise RuntimeError(f"MTP head {m} reads draft {d} of a sequence that has {num_drafts[i]}")
+                holes.append((lo + r, i, d))
+            for r, p in enumerate(seq.mm_positions):
+                if start + m <= p < end + m:
+                    mm_rows.append(seq.mm_embeds[r : r + 1])
+                    mm_pos.append(lo + p - start - m)
+            blocks = seq.blocks.tables[0]
+            table[j, : len(blocks)] = blocks
+            pos = np.arange(start, end)
+            slots[lo : lo + end - start] = table[j, pos // bs].astype(np.int64) * bs + pos % bs
+        mm_rows.append(self.splice_row)
+        mm_pos.append(T)
+        hole_rows, hole_items, hole_drafts = np.array(holes, dtype=np.int64).reshape(-1, 3).T
+        last_rows = (cu[1:].astype(np.int64) - 1)[drafting]
+        drafters = np.array([items[j][0] for j in drafting], dtype=np.int64)
+        dev = self._to_device_many(
+            ids=ids, hole_rows=hole_rows, hole_items=hole_items, hole_drafts=hole_drafts,
+            last_rows=last_rows, drafters=drafters,
+        )  # fmt: skip
+        input_ids = dev["ids"]
+        if holes:
+            input_ids[dev["hole_rows"]] = drafted[dev["hole_items"], dev["hole_drafts"]]
+        args = [
+            self.head_weights[m - 1],
+            h_prev[0] if len(h_prev) == 1 else torch.cat(h_prev),
+            input_ids,
+            mm_rows[0] if len(mm_rows) == 1 else torch.cat([r.to(self.device, self.dtype) for r in mm_rows]),
+            torch.tensor(mm_pos),
+            torch.from_numpy(cu),
+            torch.tensor([end for _, _, end in items], dtype=torch.int32),
+            torch.from_numpy(table),
+            torch.from_numpy(slots),
+            torch.tensor([work[i].seq.slot for i, _, _ in items], dtype=torch.int32),
+            torch.zeros(int(lens.max()), dtype=torch.int8),
+            self.head_key_caches[m - 1],
+            self.head_value_caches[m - 1],
+            self.head_conv_states[m - 1],
+        ]
+        return args, cu, dev
+
+    def _to_device_many(self, **arrays: np.ndarray) -> dict[str, torch.Tensor]:
+        """Host int64 arrays on the device by one copy (from pinned memory on a GPU), by name."""
+        sizes = [a.size for a in arrays.values()]
+        host = torch.empty(sum(sizes), dtype=torch.long, pin_memory=self.device.type == "cuda")
+        if sizes:
+            np.concatenate(list(arrays.values()), out=host.numpy())
+        dev = host.to(self.device, non_blocking=True)
+        return dict(zip(arrays, dev.split(sizes)))
+
     def _ring_write(self, level: int, slot: int, start: int, rows: torch.Tensor | None) -> None:
         """Keep the last HIDDEN_RING rows of h^level for positions start.. (older ones drop out)."""
         if rows is None or rows.shape[0] == 0:
             return
         keep = min(rows.shape[0], HIDDEN_RING)
         end = start + rows.shape[0]
-        pos = torch.arange(end - keep, end)
-        self.hidden_ring[level, slot, self.to_device(pos % HIDDEN_RING)] = rows[-keep:].to(self.dtype)
+        for (a, b), part in zip(_ring_spans(end - keep, end), _split_at(rows[-keep:], end - keep)):
+            self.hidden_ring[level, slot, a:b] = part
         self.ring_end[level][slot] = end
 
     def _head_inputs(
         self, level: int, slot: int, start: int, end: int, fresh_start: int, fresh_rows: torch.Tensor | None
-    ) -> torch.Tensor:
-        """h^level at positions [start, end): this round's rows from fresh_start on, the ring before."""
+    ) -> list[torch.Tensor]:
+        """h^level at positions [start, end), in parts: the ring's before fresh_start, this round's rows
+        from there on."""
         split = min(max(start, fresh_start), end) if fresh_rows is not None else end
         parts = []
         if split > start:
@@ -516,8 +561,30 @@ class ModelRunner(EngineRunner):
                     f"MTP hidden ring of level {level} holds positions [{ring_end - HIDDEN_RING}, {ring_end}), "
                     f"head needs [{start}, {split})"
                 )
-            idx = self.to_device(torch.arange(start, split) % HIDDEN_RING)
-            parts.append(self.hidden_ring[level, slot, idx])
+            parts += [self.hidden_ring[level, slot, a:b] for a, b in _ring_spans(start, split)]
         if end > split:
             parts.append(fresh_rows[split - fresh_start : end - fresh_start])
-        return torch.cat(parts)
+        return parts
+
+
+def _shift_rows(slot: int, states: list[tuple[torch.Tensor, int]]) -> None:
+    """state[slot, n:] = state[slot, :-n] for every (state, n): two multi-tensor (foreach) operations,
+    each one fused launch on the GPU, not two launches per state."""
+    if not states:
+        return
+    moved = torch._foreach_add([state[slot, :-n] for state, n in states], 0)  # copies: the rows overlap
+    torch._foreach_copy_([state[slot, n:] for state, n in states], moved)
+
+
+def _ring_spans(start: int, end: int) -> list[tuple[int, int]]:
+    """The ring rows of positions [start, end) (at most HIDDEN_RING of them) as one or two slices."""
+    a, n = start % HIDDEN_RING, end - start
+    if a + n <= HIDDEN_RING:
+        return [(a, a + n)]
+    return [(a, HIDDEN_RING), (0, a + n - HIDDEN_RING)]
+
+
+def _split_at(rows: torch.Tensor, start: int) -> list[torch.Tensor]:
+    """rows of positions start.. split where the ring wraps (as _ring_spans)."""
+    first = HIDDEN_RING - start % HIDDEN_RING
+    return [rows] if rows.shape[0] <= first else [rows[:first], rows[first:]]

@@ -48,7 +48,17 @@ class Sequence:
 
     @property
     def tokens(self) -> list[int]:
+        """prompt + outputs (a new list: O(length); `token_range` copies only what it returns)."""
         return self.prompt_ids + self.output_ids
+
+    def token_range(self, start: int, end: int) -> list[int]:
+        """tokens[start:end] for 0 <= start, without building the whole list."""
+        P = len(self.prompt_ids)
+        if end <= P:
+            return self.prompt_ids[start:end]
+        if start >= P:
+            return self.output_ids[start - P : end - P]
+        return self.prompt_ids[start:] + self.output_ids[: end - P]
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)

@@ -18,12 +18,18 @@ touches real state (docs/interfaces.md):
   the runner keeps <= max_seq_len, so attention reads stay inside the row.
 The real sequences come first, so the real output rows are a prefix of the bucket's.
 
+The copy into the buffers is one transfer: a bucket's ragged buffers are views of one flat device buffer,
+and the host pads its inputs with NumPy into a pinned copy of that layout (`stage_ragged`), sent with one
+asynchronous copy (inputs already on the device, such as an overlapped step's input ids, are copied
+device to device). The media splice's dummy row and the q bound are the same for every call of a bucket
+and are set once.
+
 What the graph holds: the whole exported program (embedding, every layer's ops, final norm, lm_head
 rows). Every op is sync-free with shapes taken from the bucket: attention picks tiles and split-KV
 splits from (B_g, T_g, block-table width) on the host and each split walks its share of the device-side
-seq_len; the MoE sizes its routing buffers from a static bound. What stays outside: building the
-inputs on the host, the copy into the static buffers, sampling, rollback, and between MTP heads the
-`inkling::mtp_draft` pick whose tokens the next head's inputs need on the host (one sync per head).
+seq_len; the MoE sizes its routing buffers from a static bound. What stays outside: building the inputs on the host, the copy into the static buffers, sampling, rollback,
+and between MTP heads the `inkling::mtp_draft` pick (its tokens stay on the device as the next head's
+input ids).
 
 `pad_eager` (tests): no graphs, but the same buckets, padding and static buffers, run eagerly, so the
 padding is testable on the CPU.
@@ -31,12 +37,16 @@ padding is testable on the CPU.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
+FLAT_ALIGN = 64  # bytes: each ragged buffer's offset in its bucket's flat buffer (kernels assume 16)
 WARMUP_RUNS = 3  # eager runs on a side stream before a capture (Triton compiles, cuBLAS handles)
 
 
@@ -186,14 +196,122 @@ def empty_batch(args: list, spec: RaggedArgs) -> list:
     return out
 
 
+def ragged_indices(spec: RaggedArgs) -> list[int]:
+    """The arguments a call's batch changes: those sized by tokens or sequences, cu_seqlens_q, seq_lens and
+    the logits rows (the q bound's contents and the media splice's dummy row never change)."""
+    return [i for i, _, _ in sized_args(spec)] + [spec.cu, spec.seq_lens]
+
+
+def sized_args(spec: RaggedArgs) -> list[tuple[int, int, float]]:
+    """(arg index, dim, padding value) of the arguments sized by tokens or sequences, logits rows included."""
+    out = [(i, d, v) for i, (d, v) in (*spec.tokens.items(), *spec.seqs.items())]
+    return out if spec.logits is None else [*out, (spec.logits, 0, 0)]
+
+
+def stage_ragged(args: list, spec: RaggedArgs, B: int, T: int, Q: int, dst: dict[int, np.ndarray]) -> None:
+    """Write what `pad_ragged` returns into the NumPy arrays `dst` (arg index -> an array of the padded
+    shape holding the argument's bits, as `tensor_bits` gives, e.g. a view of a pinned staging buffer):
+    host operations only, no torch call. Only the host arguments are written; those on another device
+    are the caller's to copy. cu_seqlens_q and seq_lens must be host tensors (the host knows a batch's
+    shape)."""
+    cu, seq_lens = args[spec.cu], args[spec.seq_lens]
+    if cu.device.type != "cpu" or seq_lens.device.type != "cpu":
+        raise ValueError("cu_seqlens_q and seq_lens of a graphed call must be host tensors")
+    num_seqs, max_q = seq_lens.shape[0], args[spec.q_bound].shape[0]
+    first = next(iter(spec.tokens))
+    num_tokens = args[first].shape[spec.tokens[first][0]]
+    pad_seqs, pad_tokens = B - num_seqs, T - num_tokens
+    if pad_seqs < 0 or pad_tokens < 0 or max_q > Q or pad_tokens > pad_seqs * Q:
+        raise ValueError(
+            f"cannot pad {num_seqs} sequences / {num_tokens} tokens / q {max_q} to a ({B}, {T}, {Q}) bucket"
+        )
+    for i, d, v in sized_args(spec):
+        if args[i].device.type == "cpu":
+            _put_padded(dst[i], tensor_bits(args[i]), d, _pad_bits(v, args[i].dtype))
+    full, rest = divmod(
+        pad_tokens, Q
+    )  # as pad_ragged: Q-token padding sequences, one of the rest, empty ones
+    q_lens = np.zeros(pad_seqs, dtype=np.int64)
+    q_lens[:full] = Q
+    if rest:
+        q_lens[full] = rest
+    cu_out, lens_out = dst[spec.cu], dst[spec.seq_lens]
+    cu_out[: num_seqs + 1] = cu.numpy()
+    cu_out[num_seqs + 1 :] = cu_out[num_seqs] + np.cumsum(q_lens)
+    lens_out[:num_seqs] = seq_lens.numpy()
+    lens_out[num_seqs:] = q_lens
+
+
+_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def tensor_bits(x: torch.Tensor) -> np.ndarray:
+    """A host tensor as a NumPy array of its bits: itself for integer dtypes, a same-sized integer view
+    of float ones (NumPy has no bfloat16)."""
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        x = x.view(getattr(torch, np.dtype(_BITS[x.element_size()]).name))
+    return x.numpy()
+
+
+def bits_dtype(dtype: torch.dtype) -> np.dtype:
+    """The NumPy dtype `tensor_bits` gives for a tensor of `dtype`."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return np.dtype(_BITS[torch.empty((), dtype=dtype).element_size()])
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+@functools.cache
+def _pad_bits(value: float, dtype: torch.dtype) -> int:
+    return int(tensor_bits(torch.tensor([value], dtype=dtype))[0])
+
+
+def copy_padded(out: torch.Tensor, x: torch.Tensor, dim: int, value: float) -> None:
+    """out[..., :n, ...] = x along `dim`, the rest = value, by torch ops on out's device (for inputs that
+    are already on the device: no host round trip)."""
+    n = x.shape[dim]
+    out.narrow(dim, 0, n).copy_(x)
+    if out.shape[dim] > n:
+        out.narrow(dim, n, out.shape[dim] - n).fill_(value)
+
+
+def _put_padded(out: np.ndarray, x: np.ndarray, dim: int, value: int) -> None:
+    """out[..., :n, ...] = x along `dim` (n = x's size there), the rest of `dim` = value."""
+    n = x.shape[dim]
+    head = (slice(None),) * dim
+    out[(*head, slice(0, n))] = x
+    out[(*head, slice(n, None))] = value
+
+
 @dataclass
 class _Bucket:
-    """One bucket's static inputs (the program's arguments, ragged ones replaced by buffers), its graph
-    (None in pad_eager mode) and outputs."""
+    """One bucket's static inputs (the program's arguments, ragged ones replaced by views of `flat`), its
+    graph (None in pad_eager mode) and outputs. layout: arg index -> (byte offset, dtype, shape) in flat."""
 
     args: list
+    flat: torch.Tensor
+    layout: dict[int, tuple[int, torch.dtype, tuple[int, ...]]]
     graph: Any = None
     outputs: tuple[torch.Tensor, ...] = ()
+    host_views: dict[int, np.ndarray] | None = None  # bit views of flat itself, where it is on the host
+
+    def views(self, buffer: torch.Tensor) -> dict[int, torch.Tensor]:
+        """The ragged arguments as views of `buffer` (flat)."""
+        return {
+            i: buffer[off : off + _nbytes(dtype, shape)].view(dtype).view(shape)
+            for i, (off, dtype, shape) in self.layout.items()
+        }
+
+    def bit_views(self, buffer: np.ndarray) -> dict[int, np.ndarray]:
+        """The ragged arguments' bits (`tensor_bits`) as views of a host buffer of flat's layout."""
+        out = {}
+        for i, (off, dtype, shape) in self.layout.items():
+            bits = bits_dtype(dtype)
+            out[i] = buffer[off : off + math.prod(shape) * bits.itemsize].view(bits).reshape(shape)
+        return out
+
+
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
 @dataclass
@@ -253,11 +371,7 @@ class StepGraphs:
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor) and a is not entry.args[i]:
                 raise RuntimeError(f"argument {i} is not the object bucket {key} was made with")
-        for i, x in pad_ragged(args, self.spec, B, T, Q).items():
-            if i != self.spec.q_bound:  # its contents are never read, only its length
-                if entry.args[i].is_cuda and not x.is_cuda:
-                    x = x.pin_memory()  # a copy from pageable memory may wait for the stream's work
-                entry.args[i].copy_(x, non_blocking=True)
+        self._stage(entry, args, B, T, Q)
         if entry.graph is not None:
             entry.graph.replay()
             outputs = entry.outputs
@@ -270,6 +384,20 @@ class StepGraphs:
         # Copies: the next replay of this graph overwrites its outputs.
         return tuple(o[: real[kind]].clone() for o, kind in zip(outputs, self.spec.outputs))
 
+    def _stage(self, entry: _Bucket, args: list, B: int, T: int, Q: int) -> None:
+        """Copy the call's ragged inputs, padded, into the bucket's buffers: the host ones by one copy of
+        a pinned staging buffer (from torch's caching host allocator, which reuses a block only after the
+        copies out of it have run), then the device ones device to device."""
+        if entry.flat.device.type == "cpu":
+            stage_ragged(args, self.spec, B, T, Q, entry.host_views)
+        else:
+            stage = torch.empty(entry.flat.shape, dtype=torch.uint8, pin_memory=True)
+            stage_ragged(args, self.spec, B, T, Q, entry.bit_views(stage.numpy()))
+            entry.flat.copy_(stage, non_blocking=True)
+        for i, d, v in sized_args(self.spec):
+            if args[i].device.type != "cpu":
+                copy_padded(entry.args[i], args[i], d, v)
+
     def _num_tokens(self, args: list) -> int:
         i = next(iter(self.spec.tokens))
         return args[i].shape[self.spec.tokens[i][0]]
@@ -279,9 +407,20 @@ class StepGraphs:
         """The bucket's static buffers, holding a batch of padding only (it writes no cache or state,
         so the warm-up runs are harmless), and in graph mode the captured graph."""
         static = [_to(a, self.device) for a in empty_batch(args, self.spec)]
-        for i, x in pad_ragged(empty_batch(args, self.spec), self.spec, B, T, Q).items():
+        padded = pad_ragged(empty_batch(args, self.spec), self.spec, B, T, Q)
+        for i, x in padded.items():
             static[i] = x.to(self.device).clone()
-        entry = _Bucket(static)
+        layout, size = {}, 0
+        for i in ragged_indices(self.spec):
+            x = padded[i]
+            layout[i] = (size, x.dtype, tuple(x.shape))
+            size += -(-_nbytes(x.dtype, tuple(x.shape)) // FLAT_ALIGN) * FLAT_ALIGN
+        entry = _Bucket(static, torch.zeros(size, dtype=torch.uint8, device=self.device), layout)
+        for i, view in entry.views(entry.flat).items():
+            view.copy_(padded[i])
+            static[i] = view
+        if entry.flat.device.type == "cpu":
+            entry.host_views = entry.bit_views(entry.flat.numpy())
         if self.use_graphs:
             with torch.cuda.device(self.device):
                 side = torch.cuda.Stream()

@@ -91,3 +91,26 @@ def test_load_benchmark_smoke(engine_f32, tmp_path):
     assert [r["mode"] for r in runs] == ["eager", "eager-warm"]
     assert runs[0]["tokens"] == runs[1]["tokens"] and len(runs[0]["tokens"][0]) == 3
     assert "Tokens equal across modes: True" in (tmp_path / "load.md").read_text()
+
+
+def test_host_benchmark_smoke(engine_f32, tmp_path):
+    """bench.host: host time per step beside the programs, and the operators it dispatches. The staged
+    graph inputs keep a decode step's launches outside the program to a handful whatever the batch (the
+    NumPy-built inputs, one copy into the bucket, the output copies); the count would grow with the
+    batch again if the inputs were built or padded by torch calls a sequence."""
+    import runtime.engine
+    from bench.host import main as host_main
+
+    policy = runtime.engine.next_num_drafts
+    argv = ["--engine", str(engine_f32[1]), "--batch", "1", "3", "--drafts", "0", "2", "--steps", "3",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert host_main(argv) == 0
+    assert runtime.engine.next_num_drafts is policy
+    rows = {(r["batch"], r["drafts"]): r for r in json.loads((tmp_path / "host.json").read_text())["results"]}
+    assert set(rows) == {(1, 0), (1, 2), (3, 0), (3, 2)}
+    for (_, drafts), r in rows.items():
+        ops = r["ops_per_step"]
+        assert r["host_ms_run"] > 0 and (r["host_ms_run_heads"] > 0) == (drafts > 0)
+        assert ops.get("run:kernel", 0) <= 4 and ops.get("run:readback", 0) == 0, ops
+        assert (ops.get("run_heads:kernel", 0) > 0) == (drafts > 0)
+    assert "| 3 | 2 |" in (tmp_path / "host.md").read_text()

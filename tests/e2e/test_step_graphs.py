@@ -4,6 +4,7 @@ a GPU (tests/gpu/test_engine_gpu.py replays the graphs)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,12 +12,18 @@ from runtime import LLMEngine, SamplingParams
 from runtime.step_graphs import (
     HEAD_ARGS,
     STEP_ARGS,
+    StepGraphs,
     batch_buckets,
     choose_bucket,
+    copy_padded,
     empty_batch,
     pad_ragged,
     program_max_batch,
     q_buckets,
+    ragged_indices,
+    sized_args,
+    stage_ragged,
+    tensor_bits,
     token_buckets,
 )
 
@@ -91,6 +98,84 @@ def test_pad_ragged_layout():
         pad_ragged(decode, STEP_ARGS, 4, 8, 1)  # 5 padding tokens of q 1 need 5 padding sequences
     only = pad_ragged(empty_batch(args, STEP_ARGS), STEP_ARGS, 2, 4, 4)
     assert only[4].tolist() == [0, 4, 4] and only[5].tolist() == [4, 0] and (only[7] == -1).all()
+
+
+@pytest.mark.parametrize(
+    "q_lens, bucket",
+    [
+        ([1, 1, 3], (4, 8, 4)),
+        ([1, 1, 3], (4, 5, 4)),
+        ([1, 1, 1], (8, 8, 1)),
+        ([2, 9], (4, 12, 9)),
+        ([1], (1, 1, 1)),
+    ],
+)
+def test_staging_equals_pad_ragged(q_lens, bucket):
+    """What a call writes into a bucket's pinned staging (NumPy, stage_ragged) is pad_ragged's padding, for
+    the step's arguments and the head's (a float h_prev among them), into views of one flat buffer."""
+    B, T, Q = bucket
+    step = _step_args(len(q_lens), sum(q_lens), q_lens)
+    head = [
+        {}, torch.randn(sum(q_lens), 8, dtype=torch.bfloat16), step[1], step[2], step[3], step[4], step[5],
+        step[6][0], step[7][0], step[8], step[10], [], [], [],
+    ]  # fmt: skip
+    for args, spec in ((step, STEP_ARGS), (head, HEAD_ARGS)):
+        want = pad_ragged(args, spec, B, T, Q)
+        dst = {i: torch.full_like(want[i], 77) for i in ragged_indices(spec)}
+        stage_ragged(args, spec, B, T, Q, {i: tensor_bits(x) for i, x in dst.items()})
+        for i, x in dst.items():
+            assert torch.equal(x, want[i]), (spec is HEAD_ARGS, i, x, want[i])
+    with pytest.raises(ValueError, match="cannot pad"):
+        stage_ragged(step, STEP_ARGS, B, T, 1 if max(q_lens) > 1 else 0, dst)
+    # Inputs already on the device are padded there (copy_padded), as pad_ragged pads them.
+    for args, spec in ((step, STEP_ARGS), (head, HEAD_ARGS)):
+        want = pad_ragged(args, spec, B, T, Q)
+        for i, d, v in sized_args(spec):
+            out = torch.full_like(want[i], 77)
+            copy_padded(out, args[i], d, v)
+            assert torch.equal(out, want[i]), (spec is HEAD_ARGS, i)
+
+
+def test_bucket_buffers_are_views_of_one_flat_buffer():
+    """Each ragged input of a bucket is a view of its flat buffer (one host-to-device copy a call), at an
+    aligned offset; repeated calls with other batches in one bucket give the eager program's outputs."""
+    seen, fixed = [], []
+
+    def program(*args):
+        seen.append([a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        return args[9].float(), args[1].float() * 2  # sized by the logits rows (N), then tokens (T)
+
+    graphs = StepGraphs(
+        program,
+        STEP_ARGS,
+        torch.device("cpu"),
+        (1, 2, 4),
+        (1, 2, 4, 8),
+        (1, 2, 4),
+        use_graphs=False,
+        pad_eager=True,
+    )
+    for q_lens in ([1, 1, 2], [2, 1, 1], [1, 2], [1, 1, 1, 1], [3]):
+        args = _step_args(len(q_lens), sum(q_lens), q_lens)
+        args[0] = args[11] = args[12] = args[13] = fixed  # weights and caches: one object per bucket
+        rows, ids = graphs(args)
+        assert torch.equal(ids, args[1].float() * 2) and torch.equal(rows, args[9].float())
+        bucket = graphs.bucket(args)
+        want = pad_ragged(args, STEP_ARGS, *bucket)
+        for i, x in want.items():
+            if i in ragged_indices(STEP_ARGS):
+                assert torch.equal(seen[-1][i], x), (q_lens, i)
+        # A GPU bucket stages into a pinned host copy of flat's layout: the same bytes.
+        entry = graphs.buckets[(None, *bucket)]
+        host = np.zeros(entry.flat.numel(), dtype=np.uint8)
+        stage_ragged(args, STEP_ARGS, *bucket, entry.bit_views(host))
+        assert np.array_equal(host, entry.flat.numpy())
+    assert len(graphs.buckets) == 3  # (4, 4, 2) three times, (4, 4, 1), (2, 4, 4)
+    for entry in graphs.buckets.values():
+        base = entry.flat.data_ptr()
+        for i in ragged_indices(STEP_ARGS):
+            ptr = entry.args[i].data_ptr()
+            assert base <= ptr < base + entry.flat.numel() and (ptr - base) % 64 == 0
 
 
 def _snapshot(runner) -> list[torch.Tensor]:
