@@ -26,7 +26,14 @@ from .params import SamplingParams
 from .sampler import filter_logits, make_generator, sample, sample_token
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
-from .speculative import AcceptanceStats, greedy_accept, next_num_drafts, one_hot_probs, rejection_sample
+from .speculative import (
+    AcceptanceStats,
+    accept_targets,
+    greedy_accept,
+    next_num_drafts,
+    one_hot_probs,
+    rejection_sample,
+)
 
 DRAFT_SEED_SALT = 0x5DEECE66D  # a request's MTP rejection-sampling generator: its seed XOR this
 
@@ -378,6 +385,10 @@ class LLMEngine:
             if step.logprobs_host is not None:
                 logprobs = step.logprobs_host.tolist()
         logits, rows, hidden = step.logits, step.rows, step.hidden
+        # Greedy verification: every row's argmax in one read (not one wait for the device a sequence).
+        argmaxes = None
+        if picks is None and any(s.samples and s.num_drafts and s.seq.params.greedy for s in step.batch):
+            argmaxes = logits[:, : self.num_real_tokens].argmax(-1).tolist()
         deltas, heads = [], []
         offset = 0
         for b, s in enumerate(step.batch):
@@ -391,7 +402,8 @@ class LLMEngine:
             delta = None
             if s.samples:
                 pick = None if picks is None else (picks[b], None if logprobs is None else logprobs[b])
-                delta = self._sample(s, logits[rows[b] : rows[b + 1]], pick)
+                targets = None if argmaxes is None else argmaxes[rows[b] : rows[b + 1]]
+                delta = self._sample(s, logits[rows[b] : rows[b + 1]], pick, targets)
             if delta is None or delta.finish_reason is None:
                 self._register_blocks(seq)
                 self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
@@ -409,12 +421,16 @@ class LLMEngine:
         return deltas
 
     def _sample(
-        self, s: ScheduledSeq, logits: torch.Tensor, pick: tuple[int, float | None] | None = None
+        self,
+        s: ScheduledSeq,
+        logits: torch.Tensor,
+        pick: tuple[int, float | None] | None = None,
+        targets: list[int] | None = None,
     ) -> StreamDelta:
         """The sequence's next tokens from its rows of logits: one sample (or `pick`, the token already
-        drawn on the device and its logprob), or with MTP drafts their verification (greedy: exact match;
-        sampling: rejection sampling), emitting 1..k+1 tokens. Rolls the caches back over rejected
-        drafts."""
+        drawn on the device and its logprob), or with MTP drafts their verification (greedy: exact match,
+        against `targets`, the rows' argmaxes, where given; sampling: rejection sampling), emitting 1..k+1
+        tokens. Rolls the caches back over rejected drafts."""
         seq = s.seq
         state = self.requests[seq.request_id]
         params = seq.params
@@ -429,7 +445,9 @@ class LLMEngine:
         else:
             drafts = seq.drafts[:k]
             if params.greedy:
-                tokens, _ = greedy_accept(drafts, real)
+                tokens, _ = (
+                    greedy_accept(drafts, real) if targets is None else accept_targets(drafts, targets)
+                )
             else:
                 probs = torch.softmax(torch.stack([filter_logits(r, params) for r in real]), -1).cpu()
                 q = one_hot_probs(drafts, probs.shape[-1])

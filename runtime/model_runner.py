@@ -141,6 +141,7 @@ class ModelRunner(EngineRunner):
             else self.weights["lm_head.weight"][self.draft_ids]
         )
         self.num_draft_rows = self.num_real_tokens if vocab is None else len(vocab)
+        self._shift_cache: dict[tuple[int, int, int], tuple[list, list]] = {}  # see _shift_views
         # The media splice's dummy row of every step and head pass (no program writes it).
         self.splice_row = torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=self.device)
         self._init_graphs(cuda_graphs, pad_eager)
@@ -355,15 +356,28 @@ class ModelRunner(EngineRunner):
         if n and head == 0:
             self._mirror("rollback", slot, n)
         if n:
-            states = self.conv_states if head == 0 else self.head_conv_states[head - 1]
-            _shift_rows(slot, [(state, n) for state in states])
+            _shift_rows(*self._shift_views(head, slot, n))
 
     def rollback_heads(self, slot: int, counts: list[int]) -> None:
         """rollback(slot, counts[m-1], head=m) for every MTP head, in one go."""
         if any(not 0 <= n <= self.build.max_draft_len for n in counts):
             raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {counts}")
-        pairs = [(state, n) for states, n in zip(self.head_conv_states, counts) if n for state in states]
-        _shift_rows(slot, pairs)
+        srcs, dsts = [], []
+        for m, n in enumerate(counts, 1):
+            if n:
+                src, dst = self._shift_views(m, slot, n)
+                srcs += src
+                dsts += dst
+        _shift_rows(srcs, dsts)
+
+    def _shift_views(self, head: int, slot: int, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The rows state[slot, :-n] and state[slot, n:] of every sconv state of the main model (head 0)
+        or of MTP head `head`, made once per (head, slot, n): a rollback then makes no views."""
+        key = (head, slot, n)
+        if key not in self._shift_cache:
+            states = self.conv_states if head == 0 else self.head_conv_states[head - 1]
+            self._shift_cache[key] = ([s[slot, :-n] for s in states], [s[slot, n:] for s in states])
+        return self._shift_cache[key]
 
     def memory_reports(self) -> list[dict]:
         """`memory_report()` of every rank, rank 0 first."""
@@ -567,13 +581,11 @@ class ModelRunner(EngineRunner):
         return parts
 
 
-def _shift_rows(slot: int, states: list[tuple[torch.Tensor, int]]) -> None:
-    """state[slot, n:] = state[slot, :-n] for every (state, n): two multi-tensor (foreach) operations,
+def _shift_rows(srcs: list[torch.Tensor], dsts: list[torch.Tensor]) -> None:
+    """dst = src for every pair of overlapping rows of one state: two multi-tensor (foreach) operations,
     each one fused launch on the GPU, not two launches per state."""
-    if not states:
-        return
-    moved = torch._foreach_add([state[slot, :-n] for state, n in states], 0)  # copies: the rows overlap
-    torch._foreach_copy_([state[slot, n:] for state, n in states], moved)
+    if srcs:
+        torch._foreach_copy_(dsts, torch._foreach_add(srcs, 0))  # through copies: the rows overlap
 
 
 def _ring_spans(start: int, end: int) -> list[tuple[int, int]]:

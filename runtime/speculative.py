@@ -32,7 +32,14 @@ def greedy_accept(draft_ids: Sequence[int], target_logits: torch.Tensor) -> tupl
     among exact ties, as the greedy sampler does.
     """
     k = _check(draft_ids, target_logits, "target_logits")
-    targets = target_logits[: k + 1].argmax(dim=-1).tolist()
+    return accept_targets(draft_ids, target_logits[: k + 1].argmax(dim=-1).tolist())
+
+
+def accept_targets(draft_ids: Sequence[int], targets: Sequence[int]) -> tuple[list[int], int]:
+    """greedy_accept from the target rows' argmaxes (a batch's, read in one transfer)."""
+    k = len(draft_ids)
+    if len(targets) < k + 1:
+        raise ValueError(f"{k} drafts need {k + 1} targets, got {len(targets)}")
     accepted: list[int] = []
     for i, d in enumerate(draft_ids):
         if int(d) != targets[i]:

@@ -7,6 +7,7 @@ from scipy.stats import chi2
 
 from runtime.speculative import (
     AcceptanceStats,
+    accept_targets,
     greedy_accept,
     next_num_drafts,
     one_hot_probs,
@@ -41,6 +42,19 @@ def test_greedy_no_drafts_and_shapes():
     assert greedy_accept([], logits_with_argmax([4])) == ([4], 0)
     with pytest.raises(ValueError, match=r"\[k\+1, V\]"):
         greedy_accept([1, 2], logits_with_argmax([1, 2]))
+
+
+def test_accept_targets_equals_greedy_accept():
+    """The engine verifies greedy drafts against every row's argmax read at once (accept_targets)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        k = int(torch.randint(0, 5, (1,), generator=g))
+        logits = torch.randn(k + 1, V, generator=g)
+        targets = logits.argmax(-1).tolist()
+        drafts = [t if torch.rand(1, generator=g) < 0.7 else (t + 1) % V for t in targets[:k]]
+        assert accept_targets(drafts, targets) == greedy_accept(drafts, logits)
+    with pytest.raises(ValueError, match="2 drafts need 3 targets"):
+        accept_targets([1, 2], [1, 2])
 
 
 # Rejection sampling: the output distribution.
