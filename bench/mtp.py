@@ -286,15 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     def pick(lm_head, num_rows, ids=None):
         picked = torch.ops.inkling.mtp_draft(
             rows, runner.head_weights[0]["final_layernorm.weight"], lm_head, num_rows, config.rms_norm_eps,
-            runner.draft_impl,
+            runner.drafter.draft_impl,
         )  # fmt: skip
-        return picked if ids is None else ids[picked]  # as ModelRunner.run_heads
+        return picked if ids is None else ids[picked]  # as Drafter.run
 
+    drafter = runner.drafter
     out["head"]["draft_seconds"] = median_time(
-        lambda: pick(runner.draft_lm_head, runner.num_draft_rows, runner.draft_ids), args.repeats, args.device
+        lambda: pick(drafter.draft_lm_head, drafter.num_draft_rows, drafter.draft_ids),
+        args.repeats,
+        args.device,
     )
-    out["head"]["draft_rows"] = runner.num_draft_rows
-    if runner.draft_ids is not None:
+    out["head"]["draft_rows"] = drafter.num_draft_rows
+    if drafter.draft_ids is not None:
         out["head"]["full_vocab_draft_seconds"] = median_time(
             lambda: pick(runner.weights["lm_head.weight"], runner.num_real_tokens), args.repeats, args.device
         )

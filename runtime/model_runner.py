@@ -2,7 +2,8 @@
 sequences, runs the step program, saves and restores sconv states, rolls sequences back.
 
 It owns every device tensor: the KV pool (one tensor per pool slot, docs/interfaces.md), the sconv
-states (one slot per running sequence) and the sconv snapshots of prefix-cache restore points.
+states (one slot per running sequence) and the sconv snapshots of prefix-cache restore points. Its
+Drafter (runtime/drafter.py) runs the MTP heads' rounds over the heads' caches and states.
 Under tensor parallelism each rank has a ModelRunner over its own slices; rank 0's broadcasts each call
 that changes them to the others (`workers`, runtime/distributed.py), which make the same call.
 """
@@ -24,6 +25,7 @@ from inkling.processing import image_patches
 
 from .block_manager import FREED
 from .distributed import Workers
+from .drafter import Drafter, HeadWork
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .step_graphs import (
@@ -37,7 +39,6 @@ from .step_graphs import (
 )
 
 MAX_SNAPSHOTS = 1024  # sconv snapshot slots of prefix-cache restore points
-HIDDEN_RING = 16  # positions of h^0..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
 
 
 @dataclass
@@ -57,19 +58,6 @@ class StepInputs:
 
     def to(self, device: torch.device) -> list[torch.Tensor]:
         return [getattr(self, f.name).to(device) for f in dataclasses.fields(self)]
-
-
-@dataclass
-class HeadWork:
-    """One sequence's MTP round: its main-model computed length, the step's hidden states h^0 of
-    positions fresh_start.. (rows of tokens fed this step that stay), and how many heads run and draft."""
-
-    seq: Sequence
-    computed: int
-    fresh_start: int
-    fresh_rows: torch.Tensor
-    num_heads: int
-    num_drafts: int
 
 
 def fed_tokens(seq: Sequence, drafts: list[int], start: int, n: int) -> list[int]:
@@ -123,27 +111,11 @@ class ModelRunner(EngineRunner):
             torch.zeros(self.num_snapshots, self.K1, C, dtype=self.dtype, device=self.device)
             for C in self.conv_channels()
         ]
-        # MTP: h^0..h^{M-1} of the last HIDDEN_RING positions of each sequence (the heads' inputs).
-        slots, H = self.build.max_batch_size, self.config.hidden_size
-        self.hidden_ring = torch.zeros(
-            max(self.num_heads, 1), slots, HIDDEN_RING, H, dtype=self.dtype, device=self.device
-        )
-        self.ring_end = [[0] * slots for _ in range(max(self.num_heads, 1))]
         self.num_real_tokens = self.engine_vocab()
-        self.draft_impl = engine.config["plugin_config"]["impls"].get("mtp_draft", "reference")
-        # The draft pick's lm_head: every real row, or the rows of the engine's draft vocabulary (its
-        # own copy, so a pick reads only those; builder/draft_vocab.py) and the ids they stand for.
-        vocab = engine.config.get("draft_vocab") if self.num_heads else None
-        self.draft_ids = None if vocab is None else torch.tensor(vocab, dtype=torch.long, device=self.device)
-        self.draft_lm_head = (
-            self.weights["lm_head.weight"]
-            if vocab is None
-            else self.weights["lm_head.weight"][self.draft_ids]
-        )
-        self.num_draft_rows = self.num_real_tokens if vocab is None else len(vocab)
         self._shift_cache: dict[tuple[int, int, int], tuple[list, list]] = {}  # see _shift_views
         # The media splice's dummy row of every step and head pass (no program writes it).
         self.splice_row = torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=self.device)
+        self.drafter = Drafter(self)
         self._init_graphs(cuda_graphs, pad_eager)
 
     def _init_graphs(self, cuda_graphs: bool | None, pad_eager: bool) -> None:
@@ -409,176 +381,9 @@ class ModelRunner(EngineRunner):
         }
 
     # MTP heads.
-    @torch.no_grad()
     def run_heads(self, work: list[HeadWork]) -> list[list[int]]:
-        """Advance the MTP heads of each sequence and draft (INKLING_SPEC §5 "Decoding"); returns the
-        drafts of each work item.
-
-        Head m runs over the positions [seq.head_computed[m-1], end) where end is the main model's
-        computed length P when the head drafts (m <= num_drafts: position P-1 reads the draft of head
-        m-1 in place of the unknown token) and otherwise min(P, K-m), the positions whose inputs are
-        all known (K = len(seq)): a head that does not draft stays current without an lm_head
-        pass, so it can draft again later. Its input h^{m-1} comes from head m-1's output of this round
-        or, for older positions, from the hidden-state ring (h^0: the step's hidden states).
-
-        The drafts stay on the device until the last head has run: head m reads head m-1's draft from
-        there (an input id written on the device), and host inputs travel from pinned memory, so the
-        host prepares head m+1 while head m runs and waits once per round, not once per head.
-        """
-        num_drafts = [0] * len(work)  # drafts made so far, per work item (its row of `drafted`)
-        width = max([w.num_drafts for w in work] + [1])
-        drafted = torch.zeros(len(work), width, dtype=torch.long, device=self.device)
-        fresh = [(w.fresh_start, w.fresh_rows) for w in work]  # level m-1: first position, rows
-        for w in work:
-            self._ring_write(0, w.seq.slot, w.fresh_start, w.fresh_rows)
-        for m in range(1, max((w.num_heads for w in work), default=0) + 1):
-            items = []
-            for i, w in enumerate(work):
-                if m > w.num_heads:
-                    continue
-                start = w.seq.head_computed[m - 1]
-                end = w.computed if m <= w.num_drafts else min(w.computed, len(w.seq) - m)
-                if end > start:
-                    items.append((i, start, end))
-                else:
-                    fresh[i] = (end, None)
-            if not items:
-                continue
-            drafting = [j for j, (i, _, _) in enumerate(items) if m <= work[i].num_drafts]
-            args, cu, index = self._head_args(m, work, items, fresh, num_drafts, drafted, drafting)
-            if self.head_graphs is not None:
-                (out,) = self.head_graphs(args, variant=m)
-            else:
-                out = self.head(*[a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args])
-            if drafting:
-                picked = torch.ops.inkling.mtp_draft(
-                    out[index["last_rows"]], self.head_weights[m - 1]["final_layernorm.weight"],
-                    self.draft_lm_head, self.num_draft_rows, self.config.rms_norm_eps, self.draft_impl,
-                )  # fmt: skip
-                if self.draft_ids is not None:
-                    picked = self.draft_ids[picked]
-                drafted[index["drafters"], m - 1] = picked
-                for j in drafting:
-                    num_drafts[items[j][0]] += 1
-            for j, (i, start, end) in enumerate(items):
-                rows_m = out[int(cu[j]) : int(cu[j + 1])]
-                fresh[i] = (start, rows_m)
-                if m < self.num_heads:
-                    self._ring_write(m, work[i].seq.slot, start, rows_m)
-                work[i].seq.head_computed[m - 1] = end
-        rows = drafted.tolist() if any(num_drafts) else []  # the round's one wait for the device
-        return [rows[i][:n] if n else [] for i, n in enumerate(num_drafts)]
-
-    def _head_args(
-        self,
-        m: int,
-        work: list[HeadWork],
-        items: list[tuple[int, int, int]],
-        fresh: list[tuple[int, torch.Tensor | None]],
-        num_drafts: list[int],
-        drafted: torch.Tensor,
-        drafting: list[int],
-    ) -> tuple[list, np.ndarray, dict[str, torch.Tensor]]:
-        """Head m's program arguments over `items` (work item, first position, end), with the ids that
-        read drafts filled from `drafted` on the device; its cu_seqlens (host) and the device index
-        vectors of the pick (`last_rows`: each drafting item's last row, `drafters`: its work item).
-        Ragged inputs stay on the host (the head graphs copy them in one transfer); the ids and index
-        vectors reach the device in one copy."""
-        bs = self.block_size
-        lens = np.array([end - start for _, start, end in items], dtype=np.int64)
-        cu = np.zeros(len(items) + 1, dtype=np.int32)
-        np.cumsum(lens, out=cu[1:])
-        T = int(cu[-1])
-        ids = np.zeros(T, dtype=np.int64)
-        table = np.full((len(items), self.build.max_blocks_per_seq), FREED, dtype=np.int32)
-        slots = np.empty(T, dtype=np.int64)
-        h_prev, mm_rows, mm_pos = [], [], []
-        holes: list[tuple[int, int, int]] = []  # ids read from `drafted`: (row, work item, draft)
-        for j, (i, start, end) in enumerate(items):
-            seq, lo = work[i].seq, int(cu[j])
-            h_prev.extend(self._head_inputs(m - 1, seq.slot, start, end, *fresh[i]))
-            known = seq.token_range(start + m, min(end + m, len(seq)))  # later positions read drafts
-            ids[lo : lo + len(known)] = known
-            for r in range(len(known), end - start):
-                d = start + m + r - len(seq)  # the draft that position start + r reads
-                if d >= num_drafts[i]:
-                    raise RuntimeError(f"MTP head {m} reads draft {d} of a sequence that has {num_drafts[i]}")
-                holes.append((lo + r, i, d))
-            for r, p in enumerate(seq.mm_positions):
-                if start + m <= p < end + m:
-                    mm_rows.append(seq.mm_embeds[r : r + 1])
-                    mm_pos.append(lo + p - start - m)
-            blocks = seq.blocks.tables[0]
-            table[j, : len(blocks)] = blocks
-            pos = np.arange(start, end)
-            slots[lo : lo + end - start] = table[j, pos // bs].astype(np.int64) * bs + pos % bs
-        mm_rows.append(self.splice_row)
-        mm_pos.append(T)
-        hole_rows, hole_items, hole_drafts = np.array(holes, dtype=np.int64).reshape(-1, 3).T
-        last_rows = (cu[1:].astype(np.int64) - 1)[drafting]
-        drafters = np.array([items[j][0] for j in drafting], dtype=np.int64)
-        dev = self._to_device_many(
-            ids=ids, hole_rows=hole_rows, hole_items=hole_items, hole_drafts=hole_drafts,
-            last_rows=last_rows, drafters=drafters,
-        )  # fmt: skip
-        input_ids = dev["ids"]
-        if holes:
-            input_ids[dev["hole_rows"]] = drafted[dev["hole_items"], dev["hole_drafts"]]
-        args = [
-            self.head_weights[m - 1],
-            h_prev[0] if len(h_prev) == 1 else torch.cat(h_prev),
-            input_ids,
-            mm_rows[0] if len(mm_rows) == 1 else torch.cat([r.to(self.device, self.dtype) for r in mm_rows]),
-            torch.tensor(mm_pos),
-            torch.from_numpy(cu),
-            torch.tensor([end for _, _, end in items], dtype=torch.int32),
-            torch.from_numpy(table),
-            torch.from_numpy(slots),
-            torch.tensor([work[i].seq.slot for i, _, _ in items], dtype=torch.int32),
-            torch.zeros(int(lens.max()), dtype=torch.int8),
-            self.head_key_caches[m - 1],
-            self.head_value_caches[m - 1],
-            self.head_conv_states[m - 1],
-        ]
-        return args, cu, dev
-
-    def _to_device_many(self, **arrays: np.ndarray) -> dict[str, torch.Tensor]:
-        """Host int64 arrays on the device by one copy (from pinned memory on a GPU), by name."""
-        sizes = [a.size for a in arrays.values()]
-        host = torch.empty(sum(sizes), dtype=torch.long, pin_memory=self.device.type == "cuda")
-        if sizes:
-            np.concatenate(list(arrays.values()), out=host.numpy())
-        dev = host.to(self.device, non_blocking=True)
-        return dict(zip(arrays, dev.split(sizes)))
-
-    def _ring_write(self, level: int, slot: int, start: int, rows: torch.Tensor | None) -> None:
-        """Keep the last HIDDEN_RING rows of h^level for positions start.. (older ones drop out)."""
-        if rows is None or rows.shape[0] == 0:
-            return
-        keep = min(rows.shape[0], HIDDEN_RING)
-        end = start + rows.shape[0]
-        for (a, b), part in zip(_ring_spans(end - keep, end), _split_at(rows[-keep:], end - keep)):
-            self.hidden_ring[level, slot, a:b] = part
-        self.ring_end[level][slot] = end
-
-    def _head_inputs(
-        self, level: int, slot: int, start: int, end: int, fresh_start: int, fresh_rows: torch.Tensor | None
-    ) -> list[torch.Tensor]:
-        """h^level at positions [start, end), in parts: the ring's before fresh_start, this round's rows
-        from there on."""
-        split = min(max(start, fresh_start), end) if fresh_rows is not None else end
-        parts = []
-        if split > start:
-            ring_end = self.ring_end[level][slot]
-            if start < ring_end - HIDDEN_RING or split > ring_end:
-                raise RuntimeError(
-                    f"MTP hidden ring of level {level} holds positions [{ring_end - HIDDEN_RING}, {ring_end}), "
-                    f"head needs [{start}, {split})"
-                )
-            parts += [self.hidden_ring[level, slot, a:b] for a, b in _ring_spans(start, split)]
-        if end > split:
-            parts.append(fresh_rows[split - fresh_start : end - fresh_start])
-        return parts
+        """A round of the MTP heads over `work` (runtime/drafter.py): each work item's drafts."""
+        return self.drafter.run(work)
 
 
 def _shift_rows(srcs: list[torch.Tensor], dsts: list[torch.Tensor]) -> None:
@@ -586,17 +391,3 @@ def _shift_rows(srcs: list[torch.Tensor], dsts: list[torch.Tensor]) -> None:
     each one fused launch on the GPU, not two launches per state."""
     if srcs:
         torch._foreach_copy_(dsts, torch._foreach_add(srcs, 0))  # through copies: the rows overlap
-
-
-def _ring_spans(start: int, end: int) -> list[tuple[int, int]]:
-    """The ring rows of positions [start, end) (at most HIDDEN_RING of them) as one or two slices."""
-    a, n = start % HIDDEN_RING, end - start
-    if a + n <= HIDDEN_RING:
-        return [(a, a + n)]
-    return [(a, HIDDEN_RING), (0, a + n - HIDDEN_RING)]
-
-
-def _split_at(rows: torch.Tensor, start: int) -> list[torch.Tensor]:
-    """rows of positions start.. split where the ring wraps (as _ring_spans)."""
-    first = HIDDEN_RING - start % HIDDEN_RING
-    return [rows] if rows.shape[0] <= first else [rows[:first], rows[first:]]

@@ -276,7 +276,7 @@ def test_caches_after_accepts_and_rejects_equal_fresh_recomputation(engine_f32, 
         for m in range(1, min(params.num_draft_tokens, c.num_mtp_heads - 1) + 1):
             h = reference.mtp[m - 1](h[: L - m], e[m:L])
             end = L - m
-            ring = runner.hidden_ring[m, seq.slot]
+            ring = runner.drafter.hidden_ring[m, seq.slot]
             for t in range(max(0, end - 8), end):
                 torch.testing.assert_close(ring[t % len(ring)], h[t], rtol=1e-4, atol=1e-4)
 
