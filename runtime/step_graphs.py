@@ -157,19 +157,9 @@ def pad_ragged(args: list, spec: RaggedArgs, B: int, T: int, Q: int) -> dict[int
     """The ragged inputs of `args` padded to B sequences, T tokens and q bound Q (on each input's own
     device, no sync: the real sizes come from shapes): arg index -> padded tensor."""
     cu, seq_lens = args[spec.cu], args[spec.seq_lens]
-    num_seqs, max_q = seq_lens.shape[0], args[spec.q_bound].shape[0]
-    first = next(iter(spec.tokens))
-    num_tokens = args[first].shape[spec.tokens[first][0]]
-    pad_seqs, pad_tokens = B - num_seqs, T - num_tokens
-    if pad_seqs < 0 or pad_tokens < 0 or max_q > Q or pad_tokens > pad_seqs * Q:
-        raise ValueError(
-            f"cannot pad {num_seqs} sequences / {num_tokens} tokens / q {max_q} to a ({B}, {T}, {Q}) bucket"
-        )
+    q_lens = torch.tensor(padding_q_lens(args, spec, B, T, Q), dtype=torch.int32, device=cu.device)
     out = {i: _pad(args[i], d, T, v) for i, (d, v) in spec.tokens.items()}
     out.update({i: _pad(args[i], d, B, v) for i, (d, v) in spec.seqs.items()})
-    full, rest = divmod(pad_tokens, Q)  # padding sequences of Q tokens, one of the rest, then empty ones
-    q_list = [Q] * full + ([rest] if rest else [])
-    q_lens = torch.tensor(q_list + [0] * (pad_seqs - len(q_list)), dtype=torch.int32, device=cu.device)
     out[spec.q_bound] = args[spec.q_bound].new_zeros(Q)
     out[spec.cu] = torch.cat([cu, cu[-1:] + q_lens.cumsum(0, dtype=torch.int32)])
     out[spec.seq_lens] = torch.cat([seq_lens, q_lens.to(seq_lens.device)])
@@ -179,6 +169,22 @@ def pad_ragged(args: list, spec: RaggedArgs, B: int, T: int, Q: int) -> dict[int
     if spec.logits is not None:
         out[spec.logits] = _pad(args[spec.logits], 0, T, 0)
     return out
+
+
+def padding_q_lens(args: list, spec: RaggedArgs, B: int, T: int, Q: int) -> list[int]:
+    """The tokens of each of the B - num_seqs padding sequences that hold the T - num_tokens padding tokens:
+    Q each, then one with the rest, then empty ones. ValueError where the batch does not fit the bucket."""
+    num_seqs, max_q = args[spec.seq_lens].shape[0], args[spec.q_bound].shape[0]
+    first = next(iter(spec.tokens))
+    num_tokens = args[first].shape[spec.tokens[first][0]]
+    pad_seqs, pad_tokens = B - num_seqs, T - num_tokens
+    if pad_seqs < 0 or pad_tokens < 0 or max_q > Q or pad_tokens > pad_seqs * Q:
+        raise ValueError(
+            f"cannot pad {num_seqs} sequences / {num_tokens} tokens / q {max_q} to a ({B}, {T}, {Q}) bucket"
+        )
+    full, rest = divmod(pad_tokens, Q)
+    q_list = [Q] * full + ([rest] if rest else [])
+    return q_list + [0] * (pad_seqs - len(q_list))
 
 
 def empty_batch(args: list, spec: RaggedArgs) -> list:
@@ -217,24 +223,11 @@ def stage_ragged(args: list, spec: RaggedArgs, B: int, T: int, Q: int, dst: dict
     cu, seq_lens = args[spec.cu], args[spec.seq_lens]
     if cu.device.type != "cpu" or seq_lens.device.type != "cpu":
         raise ValueError("cu_seqlens_q and seq_lens of a graphed call must be host tensors")
-    num_seqs, max_q = seq_lens.shape[0], args[spec.q_bound].shape[0]
-    first = next(iter(spec.tokens))
-    num_tokens = args[first].shape[spec.tokens[first][0]]
-    pad_seqs, pad_tokens = B - num_seqs, T - num_tokens
-    if pad_seqs < 0 or pad_tokens < 0 or max_q > Q or pad_tokens > pad_seqs * Q:
-        raise ValueError(
-            f"cannot pad {num_seqs} sequences / {num_tokens} tokens / q {max_q} to a ({B}, {T}, {Q}) bucket"
-        )
+    q_lens = np.array(padding_q_lens(args, spec, B, T, Q), dtype=np.int64)
     for i, d, v in sized_args(spec):
         if args[i].device.type == "cpu":
             _put_padded(dst[i], tensor_bits(args[i]), d, _pad_bits(v, args[i].dtype))
-    full, rest = divmod(
-        pad_tokens, Q
-    )  # as pad_ragged: Q-token padding sequences, one of the rest, empty ones
-    q_lens = np.zeros(pad_seqs, dtype=np.int64)
-    q_lens[:full] = Q
-    if rest:
-        q_lens[full] = rest
+    num_seqs = seq_lens.shape[0]
     cu_out, lens_out = dst[spec.cu], dst[spec.seq_lens]
     cu_out[: num_seqs + 1] = cu.numpy()
     cu_out[num_seqs + 1 :] = cu_out[num_seqs] + np.cumsum(q_lens)
@@ -242,22 +235,34 @@ def stage_ragged(args: list, spec: RaggedArgs, B: int, T: int, Q: int, dst: dict
     lens_out[num_seqs:] = q_lens
 
 
-_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+_BITS = {
+    1: (torch.uint8, np.uint8),
+    2: (torch.int16, np.int16),
+    4: (torch.int32, np.int32),
+    8: (torch.int64, np.int64),
+}
+
+
+@functools.cache
+def _bits_of(dtype: torch.dtype) -> tuple[torch.dtype, np.dtype]:
+    """The integer dtype (torch, NumPy) whose values hold a `dtype` tensor's bits: the dtype itself where
+    it is an integer one, a same-sized integer for float ones (NumPy has no bfloat16)."""
+    example = torch.empty((), dtype=dtype)
+    if dtype.is_floating_point or dtype.is_complex:
+        t, n = _BITS[example.element_size()]
+        return t, np.dtype(n)
+    return dtype, example.numpy().dtype
 
 
 def tensor_bits(x: torch.Tensor) -> np.ndarray:
-    """A host tensor as a NumPy array of its bits: itself for integer dtypes, a same-sized integer view
-    of float ones (NumPy has no bfloat16)."""
-    if x.dtype.is_floating_point or x.dtype.is_complex:
-        x = x.view(getattr(torch, np.dtype(_BITS[x.element_size()]).name))
-    return x.numpy()
+    """A host tensor as a NumPy array of its bits (`_bits_of`)."""
+    bits = _bits_of(x.dtype)[0]
+    return (x if bits == x.dtype else x.view(bits)).numpy()
 
 
 def bits_dtype(dtype: torch.dtype) -> np.dtype:
     """The NumPy dtype `tensor_bits` gives for a tensor of `dtype`."""
-    if dtype.is_floating_point or dtype.is_complex:
-        return np.dtype(_BITS[torch.empty((), dtype=dtype).element_size()])
-    return torch.empty((), dtype=dtype).numpy().dtype
+    return _bits_of(dtype)[1]
 
 
 @functools.cache
