@@ -37,8 +37,8 @@ def decode_step_bytes(
     c: InklingConfig, kv_len: int, distinct_experts: int | None = None, tp_size: int = 1
 ) -> StepBytes:
     """Bytes one decode step reads for one sequence with `kv_len` tokens of context, per GPU of `tp_size`
-    (builder/sharding.py: heads, their KV and relative rows, and every expert's I split; the router and
-    lm_head replicated; KV heads replicated where there are fewer than ranks).
+    (builder/sharding.py: heads, their KV and relative rows, every expert's I and lm_head's vocabulary
+    rows split; the router replicated; KV heads replicated where there are fewer than ranks).
 
     distinct_experts: routed experts touched per layer (top-k for one token; more for a batch or an
     MTP verify step)."""
@@ -55,7 +55,7 @@ def decode_step_bytes(
         weights += attn + router + moe
         rel += c.num_attention_heads * min(keys, c.max_relative_distance) * c.rel_head_dim * BF16 / n
         kv += 2 * keys * c.kv_size * BF16 / kv_split
-    return StepBytes(weights, rel, kv, c.vocab_size * H * BF16)
+    return StepBytes(weights, rel, kv, -(-c.vocab_size // n) * H * BF16)
 
 
 def prefill_flops(c: InklingConfig, num_tokens: int) -> float:

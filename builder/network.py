@@ -208,7 +208,11 @@ class StepProgram(nn.Module):
                 meta,
             )
         normed = rms_norm(x[logits_indices], w["model.norm.weight"], c.rms_norm_eps)
-        return (normed @ w["lm_head.weight"].T).float(), x
+        logits = normed @ w["lm_head.weight"].T
+        if self.tp.tp_size > 1:  # each rank's vocabulary rows (builder/sharding.py), gathered
+            logits = torch.ops.inkling.all_gather(logits, self.tp.tp_size, self.impls["collectives"])
+            logits = logits[:, : c.vocab_size]
+        return logits.float(), x
 
 
 class HeadProgram(StepProgram):

@@ -16,7 +16,7 @@ from inkling.processing import image_patches
 
 from .encoder_graphs import GraphedEncoder
 from .engine import Engine
-from .sharding import TensorParallel
+from .sharding import DRAFT_LM_HEAD, TensorParallel
 
 
 @dataclass
@@ -138,6 +138,9 @@ class EngineRunner:
         if self.head is not None and self.compiled:  # as the step: Inductor fuses the head's small ops
             self.head = torch.compile(self.head, dynamic=True)
         self.head_weights = [head_weights(weights, m) for m in range(1, self.num_heads + 1)]
+        # The draft pick's lm_head: the whole one (a tensor-parallel rank 0 keeps it beside its vocabulary
+        # slice, builder/sharding.py).
+        self.lm_head = weights.get(DRAFT_LM_HEAD, self.weights["lm_head.weight"])
         self.head_key_caches = [
             torch.zeros(kv_shape, dtype=self.dtype, device=self.device) for _ in self.head_weights
         ]

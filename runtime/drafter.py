@@ -52,7 +52,7 @@ class Drafter:
         # The draft pick's lm_head: every real row, or the rows of the engine's draft vocabulary (its own
         # copy, so a pick reads only those) and the ids they stand for.
         vocab = runner.engine.config.get("draft_vocab") if self.num_heads else None
-        lm_head = runner.weights["lm_head.weight"]
+        lm_head = runner.lm_head
         self.draft_ids = None if vocab is None else torch.tensor(vocab, dtype=torch.long, device=self.device)
         self.draft_lm_head = lm_head if vocab is None else lm_head[self.draft_ids]
         self.num_draft_rows = runner.num_real_tokens if vocab is None else len(vocab)

@@ -371,7 +371,8 @@ class ModelRunner(EngineRunner):
         return {
             "rank": self.engine.rank,
             "weight_bytes": nbytes(self.weights.values())
-            + nbytes(t for w in self.head_weights for t in w.values()),
+            + nbytes(t for w in self.head_weights for t in w.values())
+            + (0 if self.lm_head is self.weights["lm_head.weight"] else nbytes([self.lm_head])),
             "kv_cache_shape": list(self.key_caches[0].shape),
             "kv_cache_bytes": nbytes(self.key_caches) + nbytes(self.value_caches),
             "conv_state_channels": [t.shape[-1] for t in self.conv_states],

@@ -21,7 +21,7 @@ import torch
 
 from builder import BuildConfig, BuildError, Engine, EngineError, PluginConfig, build
 from builder.build import arrange_weights
-from builder.sharding import TensorParallel
+from builder.sharding import DRAFT_LM_HEAD, TensorParallel
 from inkling.demo import demo_png, demo_wav
 from inkling.synth import iter_synthetic_tensors, synth_config
 from inkling.tokenizer import build_tokenizer
@@ -112,16 +112,23 @@ def baseline(engine_dirs):
 def test_fewer_kv_heads_than_ranks_are_replicated(tmp_path):
     """inkling-tiny's case (1 KV head) under tp 2: both ranks keep the KV head (its qkvr rows and K/V sconv
     weights), so their KV caches and K/V sconv states are whole, not halves; queries and the o/m sconv
-    channels split. Tokens and logits still equal tp 1's."""
+    channels split. lm_head splits by vocabulary rows; with 1025 rows, rank 1's slice ends in a zero row,
+    and rank 0 also keeps the whole lm_head for the MTP heads' draft picks. Tokens and logits still equal
+    tp 1's."""
     if DEVICE == "cuda" and torch.cuda.device_count() < 2:
         pytest.skip("tp_size 2 needs 2 GPUs")
-    config = tp_config(num_kv_heads=1)
+    config = tp_config(num_kv_heads=1).replace(vocab_size=1025)
     weights, _ = arrange_weights(
         config, iter_synthetic_tensors(config, 0), torch.float32, torch.device("cpu")
     )
+    lm_head = weights["lm_head.weight"].clone()
     tp = TensorParallel(config, 2)
-    assert (tp.num_heads, tp.num_kv_heads, tp.kv_replicas) == (4, 1, 2)
+    assert (tp.num_heads, tp.num_kv_heads, tp.kv_replicas, tp.vocab_slice) == (4, 1, 2, 513)
     shards = tp.split(weights)
+    a, b = shards[0]["lm_head.weight"], shards[1]["lm_head.weight"]
+    assert a.shape[0] == b.shape[0] == 513 and torch.equal(torch.cat([a, b])[:1025], lm_head)
+    assert not b[512:].any()  # the padding row
+    assert torch.equal(shards[0][DRAFT_LM_HEAD], lm_head) and DRAFT_LM_HEAD not in shards[1]
     p, q, kv = "model.layers.0.self_attn", config.q_size // 2, config.kv_size
     for name in ("qkvr_proj.weight", "sconv_k.weight", "sconv_v.weight"):
         a, b = shards[0][f"{p}.{name}"], shards[1][f"{p}.{name}"]

@@ -24,14 +24,15 @@ def test_more_experts_cost_more_bytes_and_prefill_grows_with_context():
 
 
 def test_bytes_per_gpu_under_tensor_parallelism():
-    """tp 2 and 4: everything a rank slices halves/quarters; the router and lm_head are read whole by
-    every rank. inkling-bench has 8 KV heads, so its KV splits too; with 1 KV head it is replicated."""
+    """tp 2 and 4: everything a rank slices halves/quarters, lm_head's vocabulary rows included; the router
+    is read whole by every rank. inkling-bench has 8 KV heads, so its KV splits too; with 1 KV head it is
+    replicated."""
     c = preset("inkling-bench")
     whole = decode_step_bytes(c, 8192)
     router = c.num_hidden_layers * c.num_router_outputs * c.hidden_size * 2
     for n in (2, 4):
         per_gpu = decode_step_bytes(c, 8192, tp_size=n)
-        assert per_gpu.lm_head == whole.lm_head
+        assert per_gpu.lm_head == whole.lm_head / n  # 200192 rows split evenly
         assert per_gpu.kv == pytest.approx(whole.kv / n)
         assert per_gpu.weights == pytest.approx((whole.weights - router) / n + router)
     one_kv_head = c.replace(num_key_value_heads=1)
