@@ -13,11 +13,12 @@ adaptive policy off) and times, per engine step, the host's wall time in
 - `ModelRunner.run_heads` (the MTP round), without the head program's calls and the draft picks;
 - the rest of `LLMEngine.step` (scheduler, sampling, acceptance, deltas).
 It also counts the torch operators dispatched outside the programs (each one a kernel launch or a copy on
-the GPU). On the CPU the programs run synchronously, so subtracting their calls leaves the host's work; the
-engine pads decode steps to the CUDA-graph buckets and runs them eagerly (`pad_eager`), so the staging is the
-GPU's. On the GPU (a CUDA engine) the step and head passes are graph replays, launched without waiting;
-the figures then also hold the waits for the device where the host reads results (an MTP round's drafts,
-the verified tokens), which a tiny engine's short kernels keep small.
+the GPU). On the CPU the engine pads decode steps to the CUDA-graph buckets and runs them eagerly
+(`pad_eager`), so the staging is the GPU's, and a program called again with inputs of the same shapes
+returns its first call's outputs (`--no-replay` runs every call; see `measure` for why). On the GPU (a
+CUDA engine) the step and head passes are graph replays, launched without waiting; the figures then also
+hold the waits for the device where the host reads results (an MTP round's drafts, the verified tokens),
+which a tiny engine's short kernels keep small.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import os
 import statistics
 import sys
 import time
-from contextlib import contextmanager
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -116,7 +116,7 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@contextmanager
+@contextlib.contextmanager
 def instrumented(engine: LLMEngine, clock: Clock):
     """Time the runner's programs, the draft pick and the two host components in `clock`."""
     runner = engine.runner
