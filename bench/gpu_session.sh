@@ -312,7 +312,7 @@ s14-mtp)
         --out "$OUT/mtp"
     run e2e_mtp 270 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile \
         --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --output_len 128 --batches 1 \
-        --decode_budget_s 15 --reference_peers "" --out "$OUT/e2e-mtp"
+        --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e-mtp"
     pack s14-mtp
     ;;
 s13-e2e-mtp)
