@@ -15,8 +15,8 @@ needs the acceptance of a trained model, which synthetic heads do not have: the 
 ASSUMED per-position acceptance (geometric, fitted to vLLM's published mean acceptance length 4.5
 at 8 drafts), labelled as such. inkling-1t figures are a PROJECTION: the verify step's bytes per GPU of
 inkling-1t on 4 GPUs (builder/sharding.py's split) at the efficiency measured here (bound time / measured
-time), plus k head passes and picks as measured here: the heads run whole on rank 0, and inkling-bench's
-heads are inkling-1t's.
+time), plus k head passes and picks: inkling-bench's heads are inkling-1t's, each rank reads its share of
+a head pass (`head_pass_bytes`) at the measured head pass's speed and makes the whole pick.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from runtime import LLMEngine, PromptInput, SamplingParams
 from runtime.scheduler import ScheduledSeq
 from runtime.step_graphs import HEAD_ARGS, STEP_ARGS, StepGraphs, batch_buckets, q_buckets, token_buckets
 
-from .bound import decode_step_bytes
+from .bound import BF16, decode_step_bytes
 
 DRAFTS = (0, 1, 3, 8)
 
@@ -304,12 +304,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def head_pass_bytes(c, tp_size: int = 1) -> float:
+    """Weight bytes of one head pass at one position on one of `tp_size` ranks (builder/sharding.py):
+    eh_proj and the norms whole, the attention projections and the dense FFN split. The draft pick is
+    apart (every rank makes it whole)."""
+    H = c.hidden_size
+    split = c.qkvr_size * H + H * c.q_size + 3 * c.mtp_intermediate_size * H
+    return (2 * H * H + split / tp_size) * BF16
+
+
 def table(config, out: dict, context: int) -> dict:
     a = acceptance_model()
     # The runtime replays CUDA graphs where it has them: their times when measured, else the eager ones.
     graphed = "graphed_seconds" in out["head"]
-    head = out["head"]["graphed_seconds" if graphed else "seconds"] + out["head"]["draft_seconds"]
+    head_pass, pick = out["head"]["graphed_seconds" if graphed else "seconds"], out["head"]["draft_seconds"]
+    head = head_pass + pick
     big = preset("inkling-1t")
+    # inkling-bench's heads are inkling-1t's (the same sizes). On 4 GPUs each rank reads its share of a
+    # head pass (builder/sharding.py) at the efficiency measured here, and makes the whole pick itself.
+    big_head = head_pass * head_pass_bytes(big, 4) / head_pass_bytes(big, 1) + pick
     rows = {}
     for k in DRAFTS:
         v = out["verify"][k]
@@ -319,10 +332,9 @@ def table(config, out: dict, context: int) -> dict:
         experts = round(v["distinct_experts_per_layer"])
         efficiency = decode_step_bytes(config, context, distinct_experts=experts).seconds / verify
         # inkling-1t on 4 GPUs: the verify step's bytes per GPU (builder/sharding.py's split) at this
-        # efficiency; the heads, which run whole on rank 0 and are inkling-bench's (the same sizes), take
-        # the head pass and pick measured here.
+        # efficiency, and k head passes and picks.
         big_verify = decode_step_bytes(big, context, distinct_experts=experts, tp_size=4).seconds / efficiency
-        big_step = big_verify + k * head
+        big_step = big_verify + k * big_head
         rows[k] = {
             "assumed_tokens_per_step": tokens,
             "step_s": step,
@@ -386,7 +398,7 @@ def write_md(r: dict, path: str) -> None:
         "",
         f"ASSUMED: per-position acceptance {t['assumed_acceptance_per_position']:.3f} (geometric, mean acceptance "
         "length 4.5 at 8 drafts as vLLM published); synthetic heads accept nothing. PROJECTED: inkling-1t's verify "
-        "bytes per GPU (4 GPUs) at the efficiency measured here, plus the heads as measured (whole, on rank 0); "
+        "bytes per GPU (4 GPUs) at the efficiency measured here, plus each rank's share of the heads as measured; "
         "not a measurement.",
         "",
     ]

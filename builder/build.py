@@ -114,13 +114,18 @@ def build(
         moe_tiles = json.dumps(tuning["expert_sink_moe"]) if "expert_sink_moe" in tuning else ""
         step_weights = {k: v for k, v in shards[0].items() if not k.startswith("mtp.")}
         # Every rank's step has the same shapes and ops (collectives find their rank at run time), so
-        # one export serves all; the MTP heads and the encoders run on rank 0 only.
+        # one export serves all (the heads too).
         step = export_step(config, bc, impls, step_weights, device, dtype, moe_tiles, tp)
         programs = {"step": step}
         if has_heads(config, bc):
-            programs["mtp_head"] = export_head(config, bc, impls, shards[0], device, dtype)
+            programs["mtp_head"] = export_head(config, bc, impls, shards[0], device, dtype, tp)
+        # Every rank runs the step and the heads; the encoders run on rank 0 only.
+        rank_programs = {k: v for k, v in programs.items() if k in ("step", "mtp_head")}
         programs.update(export_encoders(config, bc, encoder_tensors, device, dtype))
-        log(f"programs: rank 0 {sorted(programs)}" + (", other ranks ['step']" if tp.tp_size > 1 else ""))
+        log(
+            f"programs: rank 0 {sorted(programs)}"
+            + (f", other ranks {sorted(rank_programs)}" if tp.tp_size > 1 else "")
+        )
     ops = {}
     op_names = [
         "sheared_bias_attention",
@@ -161,7 +166,7 @@ def build(
     }
     engine = Engine(
         engine_config, shards[0], programs, tokenizer_json, generation_config, log.lines,
-        other_ranks={rank: RankShard(shards[rank], {"step": step}) for rank in range(1, tp.tp_size)},
+        other_ranks={rank: RankShard(shards[rank], rank_programs) for rank in range(1, tp.tp_size)},
     )  # fmt: skip
     if bc.compile:
         with log.phase("compile"):
@@ -388,17 +393,21 @@ def head_weights(weights: dict[str, torch.Tensor], m: int) -> dict[str, torch.Te
     return out
 
 
-def export_head(config, bc, impls, weights, device, dtype) -> torch.export.ExportedProgram:
-    """The MTP head program (builder.network.HeadProgram), traced with head 1's weights."""
+def export_head(
+    config, bc, impls, weights, device, dtype, tp: TensorParallel | None = None
+) -> torch.export.ExportedProgram:
+    """The MTP head program (builder.network.HeadProgram), traced with head 1's weights (a rank's share
+    under tensor parallelism)."""
     from .network import HeadProgram
 
+    tp = tp or TensorParallel(config)
     w = head_weights(weights, 1)
-    step, (T, B) = step_example(config, bc, device, dtype)
+    step, (T, B) = step_example(config, bc, device, dtype, tp=tp)
     S = config.sconv_kernel_size - 1 + bc.max_draft_len
     H = config.hidden_size
     conv = [
         torch.zeros(bc.max_batch_size, S, C, dtype=dtype, device=device)
-        for C in (config.kv_size, config.kv_size, H)
+        for C in head_conv_channels(config, tp)
     ]
     example = dict(
         h_prev=torch.zeros(T, H, dtype=dtype, device=device),
@@ -435,9 +444,15 @@ def export_head(config, bc, impls, weights, device, dtype) -> torch.export.Expor
         "value_cache": {0: NB},
         "conv_states": [None] * 3,
     }
-    module = HeadProgram(config, bc, impls)
+    module = HeadProgram(config, bc, impls, tp=tp)
     with torch.no_grad():
         return torch.export.export(module, (w, *example.values()), dynamic_shapes=dynamic)
+
+
+def head_conv_channels(config: InklingConfig, tp: TensorParallel) -> tuple[int, int, int]:
+    """Channels of an MTP head's sconv states on one rank: sites k, v (its KV heads), o (its hidden slice)."""
+    kv = tp.num_kv_heads * config.head_dim
+    return kv, kv, tp.hidden_slice
 
 
 def export_encoders(config, bc, tensors, device, dtype) -> dict[str, torch.export.ExportedProgram]:

@@ -35,7 +35,9 @@ from inkling.config import InklingConfig
 
 from .config import BuildConfig
 
-ENGINE_FORMAT_VERSION = 2  # 2: the step and head programs take q_bound
+# 2: the step and head programs take q_bound. 3: tensor-parallel ranks split lm_head by vocabulary and
+# each hold their share of the MTP heads (builder/sharding.py).
+ENGINE_FORMAT_VERSION = 3
 VERIFY_SHA256_BELOW = 1 << 30  # files larger than this are checked by size only (unless verify="full")
 
 

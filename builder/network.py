@@ -258,4 +258,9 @@ class HeadProgram(StepProgram):
         )  # fmt: skip
         x = rms_norm(h, w["post_attention_layernorm.weight"], eps)
         ffn = torch.nn.functional.silu(x @ w["mlp.gate_proj.weight"].T) * (x @ w["mlp.up_proj.weight"].T)
-        return h + ffn @ w["mlp.down_proj.weight"].T
+        y = ffn @ w["mlp.down_proj.weight"].T  # a partial sum over the rank's slice of the FFN
+        n = self.tp.tp_size
+        if n > 1:  # the sum over ranks (an all-reduce as reduce-scatter then all-gather, as in the step)
+            y = torch.ops.inkling.reduce_scatter(y, n, self.impls["collectives"])
+            y = torch.ops.inkling.all_gather(y, n, self.impls["collectives"])
+        return h + y

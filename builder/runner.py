@@ -125,12 +125,12 @@ class EngineRunner:
 
     def _init_heads(self, weights: dict[str, torch.Tensor]) -> None:
         """The MTP head program, each head's weights, and its own KV (sharing the block table of the
-        full-attention group 0) and sconv states (sites k, v, o); docs/interfaces.md "MTP heads".
-        The heads are whole (never sharded): only rank 0 has them."""
-        from .build import head_weights
+        full-attention group 0) and sconv states (sites k, v, o); docs/interfaces.md "MTP heads". Under
+        tensor parallelism every rank holds its share of each head (builder/sharding.py)."""
+        from .build import head_conv_channels, head_weights
 
         c = self.config
-        kv_shape = (self.num_blocks, self.build.tokens_per_block, c.num_key_value_heads, c.head_dim)
+        kv_shape = (self.num_blocks, self.build.tokens_per_block, self.tp.num_kv_heads, c.head_dim)
         self.num_heads = c.num_mtp_heads if "mtp_head" in self.engine.programs else 0
         self.head = (
             on_device(self.engine.programs["mtp_head"], self.device).module() if self.num_heads else None
@@ -138,7 +138,7 @@ class EngineRunner:
         if self.head is not None and self.compiled:  # as the step: Inductor fuses the head's small ops
             self.head = torch.compile(self.head, dynamic=True)
         self.head_weights = [head_weights(weights, m) for m in range(1, self.num_heads + 1)]
-        # The draft pick's lm_head: the whole one (a tensor-parallel rank 0 keeps it beside its vocabulary
+        # The draft pick's lm_head: the whole one (tensor-parallel ranks keep it beside their vocabulary
         # slice, builder/sharding.py).
         self.lm_head = weights.get(DRAFT_LM_HEAD, self.weights["lm_head.weight"])
         self.head_key_caches = [
@@ -150,7 +150,7 @@ class EngineRunner:
                 torch.zeros(
                     self.build.max_batch_size, self.state_rows, C, dtype=self.dtype, device=self.device
                 )
-                for C in (c.kv_size, c.kv_size, c.hidden_size)
+                for C in head_conv_channels(c, self.tp)
             ]
             for _ in self.head_weights
         ]

@@ -13,9 +13,12 @@ parallelism", docs/interfaces.md "Tensor parallelism").
 - lm_head is split by vocabulary rows, rank r owning rows r*Vs .. (r+1)*Vs - 1 (Vs = ceil(V / N), the
   last rank's slice padded with zero rows); the step all-gathers the ranks' logits and drops the padding.
   A decode step then reads 1/N of lm_head per GPU (inkling-1t: 0.72 of 2.87 GB at tp 4).
-- Replicated: embeddings, norms, router and final norm. The MTP heads, their weights and caches, and the
-  image/audio encoders live on rank 0 only (`on_rank0_only`), with the whole lm_head for the heads' draft
-  pick (`mtp.lm_head.weight`, where there are heads).
+- The MTP heads are split as a layer is: attention by head, the dense FFN along mtp_intermediate_size
+  (gate/up rows, down columns; the program all-reduces its partial sums), eh_proj and the norms
+  replicated. Every rank runs every head pass (the runtime mirrors rank 0's rounds), and every rank makes
+  the same draft pick from the whole lm_head (`mtp.lm_head.weight`, where there are heads), so the drafts
+  agree without a broadcast.
+- Replicated: embeddings, norms, router and final norm. The image/audio encoders live on rank 0 only.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class TensorParallel:
                 f"tp_size {n} and num_key_value_heads {c.num_key_value_heads}: one must divide the other "
                 "(KV heads are split, or replicated where there are fewer than ranks)"
             )
+        if c.num_mtp_heads and c.mtp_intermediate_size % n:
+            raise BuildError(f"tp_size {n} does not divide mtp_intermediate_size ({c.mtp_intermediate_size})")
         if (c.moe_intermediate_size // n) % NVFP4_GROUP:
             raise BuildError(
                 f"moe_intermediate_size / tp_size = {c.moe_intermediate_size // n} is not a multiple of "
@@ -121,26 +126,25 @@ class TensorParallel:
         return ranks
 
     def shard(self, weights: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
-        """Rank `rank`'s weights; the MTP heads' (`mtp.*`) whole on rank 0 and absent elsewhere."""
+        """Rank `rank`'s weights."""
         out: dict[str, torch.Tensor] = {}
         for name, w in weights.items():
             out.update(self._parts(name, w, rank))
         return out
 
     def _parts(self, name: str, w: torch.Tensor, rank: int) -> dict[str, torch.Tensor]:
-        """What rank `rank` holds of tensor `name`: its part under the same name (none where it lives on
-        rank 0 only), and on rank 0 the whole lm_head for the MTP heads' draft pick."""
-        part = self._part(name, w, rank)
-        out = {} if part is None else {name: part}
-        if name == "lm_head.weight" and rank == 0 and self.tp_size > 1 and self.config.num_mtp_heads:
+        """What rank `rank` holds of tensor `name`: its part under the same name, and the whole lm_head for
+        the MTP heads' draft pick."""
+        out = {name: self._part(name, w, rank)}
+        if name == "lm_head.weight" and self.tp_size > 1 and self.config.num_mtp_heads:
             out[DRAFT_LM_HEAD] = w
         return out
 
-    def _part(self, name: str, w: torch.Tensor, rank: int) -> torch.Tensor | None:
+    def _part(self, name: str, w: torch.Tensor, rank: int) -> torch.Tensor:
         if self.tp_size == 1:
             return w
         if name.startswith("mtp."):
-            return w if rank == 0 else None
+            return self._head_part(name.split(".", 2)[2], w, rank)
         if name == "lm_head.weight":
             Vs = self.vocab_slice
             rows = w[rank * Vs : (rank + 1) * Vs]
@@ -149,6 +153,17 @@ class TensorParallel:
             return rows.clone()  # not a view: rank 0 also saves the whole lm_head (DRAFT_LM_HEAD)
         leaf = name.rsplit(".self_attn.", 1)[-1].rsplit(".mlp.", 1)[-1]
         return self._slice(leaf, w, rank).contiguous()
+
+    def _head_part(self, name: str, w: torch.Tensor, rank: int) -> torch.Tensor:
+        """Rank `rank`'s part of an MTP head's tensor, by its name within `mtp.{m}.`."""
+        if name.startswith("self_attn."):
+            return self._slice(name.removeprefix("self_attn."), w, rank).contiguous()
+        Im = self.config.mtp_intermediate_size // self.tp_size
+        if name in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
+            return w[rank * Im : (rank + 1) * Im].contiguous()
+        if name == "mlp.down_proj.weight":
+            return w[:, rank * Im : (rank + 1) * Im].contiguous()
+        return w  # replicated: eh_proj, the norms
 
     def _slice(self, leaf: str, w: torch.Tensor, rank: int) -> torch.Tensor:
         """Rank `rank`'s part of a layer tensor, by its name within `self_attn.` or `mlp.`."""

@@ -9,6 +9,7 @@ lm_head: every real row, or the rows of the engine's draft vocabulary (builder/d
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,14 +28,61 @@ HIDDEN_RING = 16  # positions of h^0..h^{M-1} kept per sequence for the heads (>
 @dataclass
 class HeadWork:
     """One sequence's MTP round: its main-model computed length, the step's hidden states h^0 of
-    positions fresh_start.. (rows of tokens fed this step that stay), and how many heads run and draft."""
+    positions fresh_start.. (rows of tokens fed this step that stay; fresh_offset: where they begin in
+    the step's hidden states), and how many heads run and draft."""
 
-    seq: Sequence
+    seq: Sequence | SeqView
     computed: int
     fresh_start: int
-    fresh_rows: torch.Tensor
+    fresh_rows: torch.Tensor | None
     num_heads: int
     num_drafts: int
+    fresh_offset: int = 0
+
+    def remote(self) -> HeadWork:
+        """This work as a tensor-parallel worker takes it (runtime/worker.py): the sequence as a SeqView of
+        what the heads read, the fresh rows as their offset in the worker's own step output."""
+        return dataclasses.replace(self, seq=SeqView.of(self.seq, self.num_heads), fresh_rows=None)
+
+
+@dataclass
+class _Blocks:
+    tables: list[list[int]]
+
+
+@dataclass
+class SeqView:
+    """What a round of the heads reads of a Sequence (runtime/sequence.py), for a worker that has no
+    scheduler: its slot, the heads' computed positions, its length and tokens from `base` on, the block
+    table of group 0, and the image/audio rows at positions from `base` on (host tensors)."""
+
+    slot: int
+    head_computed: list[int]
+    length: int
+    base: int
+    tokens: list[int]
+    blocks: _Blocks
+    mm_positions: list[int]
+    mm_embeds: torch.Tensor | None
+
+    @classmethod
+    def of(cls, seq: Sequence, num_heads: int) -> SeqView:
+        base = min(seq.head_computed[:num_heads], default=len(seq)) + 1  # head m reads tokens from start + m
+        base = min(base, len(seq))
+        rows = [r for r, p in enumerate(seq.mm_positions) if p >= base]
+        embeds = seq.mm_embeds[rows].cpu() if rows else None
+        return cls(
+            seq.slot, list(seq.head_computed), len(seq), base, seq.token_range(base, len(seq)),
+            _Blocks([list(seq.blocks.tables[0])]), [seq.mm_positions[r] for r in rows], embeds,
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return self.length
+
+    def token_range(self, start: int, end: int) -> list[int]:
+        if start < self.base and end > start:
+            raise ValueError(f"this view holds tokens from {self.base}, not {start}")
+        return self.tokens[start - self.base : end - self.base]
 
 
 class Drafter:

@@ -409,7 +409,7 @@ class LLMEngine:
                 self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
                 if seq.params.num_draft_tokens and self.runner.num_heads:
                     kept = seq.num_computed - s.start
-                    heads.append((seq, hidden[offset : offset + kept], s.start))
+                    heads.append((seq, hidden[offset : offset + kept], s.start, offset))
             if delta is not None:
                 deltas.append(delta)
                 if delta.finish_reason is not None:
@@ -516,11 +516,11 @@ class LLMEngine:
         self.runner.rollback_heads(seq.slot, counts)
         seq.head_drafts, seq.drafts_from = [], None
 
-    def _draft(self, heads: list[tuple[Sequence, torch.Tensor, int]]) -> None:
+    def _draft(self, heads: list[tuple[Sequence, torch.Tensor, int, int]]) -> None:
         """Run the MTP heads of the sequences that stepped: catch up over new positions and draft the
         next step's tokens (num_drafts from the acceptance policy)."""
         work = []
-        for seq, rows, start in heads:
+        for seq, rows, start, offset in heads:
             state = self.requests[seq.request_id]
             self._settle_heads(seq)
             requested = min(seq.params.num_draft_tokens, self.runner.num_heads)
@@ -530,7 +530,7 @@ class LLMEngine:
                 num_drafts = min(
                     next_num_drafts(state.acceptance, requested), remaining, self.build.max_draft_len
                 )
-            work.append(HeadWork(seq, seq.num_computed, start, rows, requested, max(num_drafts, 0)))
+            work.append(HeadWork(seq, seq.num_computed, start, rows, requested, max(num_drafts, 0), offset))
         drafts = self.runner.run_heads(work)
         for w, d in zip(work, drafts):
             if d:

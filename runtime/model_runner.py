@@ -113,6 +113,7 @@ class ModelRunner(EngineRunner):
         ]
         self.num_real_tokens = self.engine_vocab()
         self._shift_cache: dict[tuple[int, int, int], tuple[list, list]] = {}  # see _shift_views
+        self.last_hidden: torch.Tensor | None = None  # the last step's hidden states (see execute)
         # The media splice's dummy row of every step and head pass (no program writes it).
         self.splice_row = torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=self.device)
         self.drafter = Drafter(self)
@@ -232,7 +233,12 @@ class ModelRunner(EngineRunner):
     @torch.no_grad()
     def execute(self, inputs: StepInputs, graphed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The step program over this rank's weights, caches and states; with graphed, from the step
-        graphs where they are on (ragged inputs stay on the host until copied into a bucket)."""
+        graphs where they are on (ragged inputs stay on the host until copied into a bucket). The hidden
+        states stay as `last_hidden` (a worker's MTP heads read them, `run_heads_remote`)."""
+        logits, self.last_hidden = self._execute(inputs, graphed)
+        return logits, self.last_hidden
+
+    def _execute(self, inputs: StepInputs, graphed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if graphed and self.step_graphs is not None:
             fields = [getattr(inputs, f.name) for f in dataclasses.fields(inputs)]
             args = [self.weights, *fields, self.key_caches, self.value_caches, self.conv_states]
@@ -325,15 +331,19 @@ class ModelRunner(EngineRunner):
         model's, or with head=m those of MTP head m."""
         if not 0 <= n <= self.build.max_draft_len:
             raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {n}")
-        if n and head == 0:
-            self._mirror("rollback", slot, n)
         if n:
+            self._mirror("rollback", slot, n, head)
+        if n and (head == 0 or self.num_heads):
             _shift_rows(*self._shift_views(head, slot, n))
 
     def rollback_heads(self, slot: int, counts: list[int]) -> None:
         """rollback(slot, counts[m-1], head=m) for every MTP head, in one go."""
         if any(not 0 <= n <= self.build.max_draft_len for n in counts):
             raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {counts}")
+        if any(counts):
+            self._mirror("rollback_heads", slot, counts)
+        if not self.num_heads:
+            return
         srcs, dsts = [], []
         for m, n in enumerate(counts, 1):
             if n:
@@ -383,8 +393,21 @@ class ModelRunner(EngineRunner):
 
     # MTP heads.
     def run_heads(self, work: list[HeadWork]) -> list[list[int]]:
-        """A round of the MTP heads over `work` (runtime/drafter.py): each work item's drafts."""
+        """A round of the MTP heads over `work` (runtime/drafter.py): each work item's drafts. Under tensor
+        parallelism every rank runs the round on its share of the heads (`run_heads_remote`)."""
+        if self.workers is not None:
+            self.workers.call("run_heads_remote", [w.remote() for w in work])
         return self.drafter.run(work)
+
+    def run_heads_remote(self, work: list[HeadWork]) -> None:
+        """A worker's side of `run_heads`: the fresh rows come from its own last step's hidden states, and
+        its heads' collectives meet rank 0's. The drafts come out the same on every rank (the same pick
+        on the same rows), so none is sent back."""
+        if not self.num_heads:
+            return
+        for w in work:
+            w.fresh_rows = self.last_hidden[w.fresh_offset : w.fresh_offset + w.computed - w.fresh_start]
+        self.drafter.run(work)
 
 
 def _shift_rows(srcs: list[torch.Tensor], dsts: list[torch.Tensor]) -> None:

@@ -113,8 +113,8 @@ def test_fewer_kv_heads_than_ranks_are_replicated(tmp_path):
     """inkling-tiny's case (1 KV head) under tp 2: both ranks keep the KV head (its qkvr rows and K/V sconv
     weights), so their KV caches and K/V sconv states are whole, not halves; queries and the o/m sconv
     channels split. lm_head splits by vocabulary rows; with 1025 rows, rank 1's slice ends in a zero row,
-    and rank 0 also keeps the whole lm_head for the MTP heads' draft picks. Tokens and logits still equal
-    tp 1's."""
+    and every rank also keeps the whole lm_head for the MTP heads' draft picks. The heads split as a layer
+    does. Tokens and logits still equal tp 1's."""
     if DEVICE == "cuda" and torch.cuda.device_count() < 2:
         pytest.skip("tp_size 2 needs 2 GPUs")
     config = tp_config(num_kv_heads=1).replace(vocab_size=1025)
@@ -128,7 +128,11 @@ def test_fewer_kv_heads_than_ranks_are_replicated(tmp_path):
     a, b = shards[0]["lm_head.weight"], shards[1]["lm_head.weight"]
     assert a.shape[0] == b.shape[0] == 513 and torch.equal(torch.cat([a, b])[:1025], lm_head)
     assert not b[512:].any()  # the padding row
-    assert torch.equal(shards[0][DRAFT_LM_HEAD], lm_head) and DRAFT_LM_HEAD not in shards[1]
+    assert all(torch.equal(shard[DRAFT_LM_HEAD], lm_head) for shard in shards)
+    head, Im = "mtp.0", config.mtp_intermediate_size // 2
+    a, b = shards[0][f"{head}.mlp.gate_proj.weight"], shards[1][f"{head}.mlp.gate_proj.weight"]
+    assert a.shape[0] == b.shape[0] == Im and not torch.equal(a, b)  # the heads' FFN: split
+    assert torch.equal(shards[0][f"{head}.eh_proj.weight"], shards[1][f"{head}.eh_proj.weight"])  # replicated
     p, q, kv = "model.layers.0.self_attn", config.q_size // 2, config.kv_size
     for name in ("qkvr_proj.weight", "sconv_k.weight", "sconv_v.weight"):
         a, b = shards[0][f"{p}.{name}"], shards[1][f"{p}.{name}"]
@@ -181,7 +185,8 @@ class TestTensorParallelLLM:
 
     def test_each_rank_holds_its_slice(self, tp_llm, baseline):
         """Measured on the running ranks: output/MoE sconv states, K/V sconv states and the KV cache are 1/N of
-        tp1's on every rank (the KV heads divide here); the MTP heads and their states are on rank 0 only."""
+        tp1's on every rank (the KV heads divide here), and so are the MTP heads' KV and sconv states: every
+        rank runs its share of every head."""
         n, llm = tp_llm
         whole = baseline[2]
         ranks = llm.engine.runner.memory_reports()
@@ -191,18 +196,27 @@ class TestTensorParallelLLM:
             assert r["conv_state_bytes"] * n == whole["conv_state_bytes"]
             assert r["kv_cache_shape"][2] * n == whole["kv_cache_shape"][2]
             assert r["kv_cache_bytes"] * n == whole["kv_cache_bytes"]
-            assert r["num_mtp_heads"] == (whole["num_mtp_heads"] if r["rank"] == 0 else 0)
+            assert r["num_mtp_heads"] == whole["num_mtp_heads"]
+            assert r["head_state_bytes"] * n == whole["head_state_bytes"]
             print(
                 f"tp{n} rank {r['rank']}: sconv state channels {r['conv_state_channels']} "
                 f"(tp1 {whole['conv_state_channels']}), KV {r['kv_cache_shape']} (tp1 {whole['kv_cache_shape']}), "
                 f"weights {r['weight_bytes'] / 1e6:.1f} MB (tp1 {whole['weight_bytes'] / 1e6:.1f} MB)"
             )
-        assert ranks[0]["head_state_bytes"] == whole["head_state_bytes"]
-        assert all(r["head_state_bytes"] == 0 for r in ranks[1:])
+
+    def test_split_heads_draft_what_whole_heads_draft(self, tp_llm, engine_dirs):
+        """The heads split over the ranks (attention by head, FFN by slice, partial sums all-reduced) draft
+        the tokens tp 1's whole heads draft, round by round."""
+        n, llm = tp_llm
+        whole = LLM(engine_dirs[1])
+        want = drafts_of(whole)
+        assert any(d for round_ in want for d in round_)
+        assert drafts_of(llm) == want
 
     def test_mtp_gives_the_same_greedy_tokens(self, tp_llm, baseline):
         """num_draft_tokens 2: the heads' own drafts, then drafts right up to a random cut (accepts and
-        rejects, so rollbacks reach every rank). Under tp 2 (the heads run on rank 0 whatever tp_size is)."""
+        rejects, so rollbacks reach every rank). Under tp 2: every rank runs its share of the heads, and every
+        rank's pick must give the same drafts (the heads' collectives would hang or the outputs differ if not)."""
         n, llm = tp_llm
         if n != 2:
             pytest.skip("MTP is checked under tp 2")
@@ -211,6 +225,23 @@ class TestTensorParallelLLM:
         assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want[:3]
         assert with_oracle_drafts(llm, want[:3]) == want[:3]
         assert 0 < llm.engine.acceptance.acceptance_rate < 1, llm.engine.acceptance.acceptance_rates
+
+
+def drafts_of(llm: LLM) -> list[list[list[int]]]:
+    """Every MTP round's drafts (rank 0's `run_heads`) while PROMPTS generate with 2 drafts a step."""
+    runner, seen = llm.engine.runner, []
+    run = runner.run_heads
+
+    def recorded(work):
+        seen.append(run(work))
+        return seen[-1]
+
+    runner.run_heads = recorded
+    try:
+        llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_draft_tokens=2))
+    finally:
+        runner.run_heads = run
+    return seen
 
 
 def with_oracle_drafts(llm: LLM, plain: list[list[int]]) -> list[list[int]]:
@@ -277,7 +308,8 @@ def test_wrong_world_size_is_refused(engine_dirs):
     with pytest.raises(EngineError, match="built for tp_size 1"):
         Engine.from_dir(engine_dirs[1], world_size=2)
     rank1 = Engine.from_dir(engine_dirs[2], rank=1, world_size=2)
-    assert sorted(rank1.programs) == ["step"] and not any(k.startswith("mtp.") for k in rank1.weights)
+    assert sorted(rank1.programs) == ["mtp_head", "step"]  # the encoders run on rank 0 only
+    assert any(k.startswith("mtp.0.") for k in rank1.weights)  # its share of the heads
     with pytest.raises(ValueError, match="runs from its directory"):
         LLM(Engine.from_dir(engine_dirs[2]))
     with pytest.raises(ValueError, match="starts its ranks"):
