@@ -4,7 +4,7 @@
         [--graphs {off,cuda,pad_eager}]
 
 It joins the ranks, loads its part of the engine into a ModelRunner, then makes the calls rank 0 broadcasts
-(the step, slot resets, snapshots, rollbacks) until rank 0 says "shutdown" or exits.
+(the step, slot resets, snapshots, rollbacks, the MTP heads' rounds) until rank 0 says "shutdown" or exits.
 """
 
 from __future__ import annotations
