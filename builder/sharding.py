@@ -32,7 +32,9 @@ from inkling.config import InklingConfig
 from .config import BuildError
 
 NVFP4_GROUP = 16  # inputs per NVFP4 block scale: a slice of I must hold whole groups
-DRAFT_LM_HEAD = "mtp.lm_head.weight"  # rank 0 of a tensor-parallel engine: the whole lm_head, for draft picks
+DRAFT_LM_HEAD = (
+    "mtp.lm_head.weight"  # every rank of a tensor-parallel engine: the whole lm_head, for draft picks
+)
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ class TensorParallel:
             rows = w[rank * Vs : (rank + 1) * Vs]
             if rows.shape[0] < Vs:  # the last rank's slice: zero rows up to Vs
                 rows = torch.cat([rows, rows.new_zeros(Vs - rows.shape[0], *rows.shape[1:])])
-            return rows.clone()  # not a view: rank 0 also saves the whole lm_head (DRAFT_LM_HEAD)
+            return rows.clone()  # not a view: the rank also saves the whole lm_head (DRAFT_LM_HEAD)
         leaf = name.rsplit(".self_attn.", 1)[-1].rsplit(".mlp.", 1)[-1]
         return self._slice(leaf, w, rank).contiguous()
 

@@ -113,7 +113,7 @@ class ModelRunner(EngineRunner):
         ]
         self.num_real_tokens = self.engine_vocab()
         self._shift_cache: dict[tuple[int, int, int], tuple[list, list]] = {}  # see _shift_views
-        self.last_hidden: torch.Tensor | None = None  # the last step's hidden states (see execute)
+        self.last_hidden: torch.Tensor | None = None  # a worker's last step hidden states (see execute)
         # The media splice's dummy row of every step and head pass (no program writes it).
         self.splice_row = torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=self.device)
         self.drafter = Drafter(self)
@@ -233,10 +233,12 @@ class ModelRunner(EngineRunner):
     @torch.no_grad()
     def execute(self, inputs: StepInputs, graphed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The step program over this rank's weights, caches and states; with graphed, from the step
-        graphs where they are on (ragged inputs stay on the host until copied into a bucket). The hidden
-        states stay as `last_hidden` (a worker's MTP heads read them, `run_heads_remote`)."""
-        logits, self.last_hidden = self._execute(inputs, graphed)
-        return logits, self.last_hidden
+        graphs where they are on (ragged inputs stay on the host until copied into a bucket). On a worker
+        with MTP heads the hidden states stay as `last_hidden` (`run_heads_remote` reads them)."""
+        logits, hidden = self._execute(inputs, graphed)
+        if self.engine.rank > 0 and self.num_heads:  # only a worker's heads read it back
+            self.last_hidden = hidden
+        return logits, hidden
 
     def _execute(self, inputs: StepInputs, graphed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if graphed and self.step_graphs is not None:
@@ -284,9 +286,10 @@ class ModelRunner(EngineRunner):
                     mm_pos.append(lo + p - s.start)
         mm_rows.append(self.splice_row)
         mm_pos.append(T)
-        num_drafts = np.array([s.num_drafts for s in batch], dtype=np.int64)
         # Each sequence's last 1 + num_drafts rows.
-        logits_idx = np.concatenate([np.arange(int(c) - 1 - k, int(c)) for c, k in zip(cu[1:], num_drafts)])
+        logits_idx = np.concatenate(
+            [np.arange(int(c) - 1 - s.num_drafts, int(c)) for c, s in zip(cu[1:], batch)]
+        )
         if len(mm_rows) > 1:
             mm_rows = [torch.cat([r.to(self.device, self.dtype) for r in mm_rows])]
         return StepInputs(
@@ -326,18 +329,16 @@ class ModelRunner(EngineRunner):
             state[slot].zero_()
             state[slot, self.state_rows - self.K1 :] = snap[snapshot]
 
-    def rollback(self, slot: int, n: int, head: int = 0) -> None:
-        """Forget the last n sconv inputs of a sequence (docs/interfaces.md "Sconv state"): the main
-        model's, or with head=m those of MTP head m."""
+    def rollback(self, slot: int, n: int) -> None:
+        """Forget the last n sconv inputs of a sequence's main model (docs/interfaces.md "Sconv state")."""
         if not 0 <= n <= self.build.max_draft_len:
             raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {n}")
         if n:
-            self._mirror("rollback", slot, n, head)
-        if n and (head == 0 or self.num_heads):
-            _shift_rows(*self._shift_views(head, slot, n))
+            self._mirror("rollback", slot, n)
+            _shift_rows(*self._shift_views(0, slot, n))
 
     def rollback_heads(self, slot: int, counts: list[int]) -> None:
-        """rollback(slot, counts[m-1], head=m) for every MTP head, in one go."""
+        """Forget the last counts[m-1] sconv inputs of MTP head m of a sequence, every head in one go."""
         if any(not 0 <= n <= self.build.max_draft_len for n in counts):
             raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {counts}")
         if any(counts):
