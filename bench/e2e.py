@@ -98,6 +98,19 @@ def main(argv: list[str] | None = None) -> int:
         help="build with a draft vocabulary of the first N token ids (builder/draft_vocab.py)",
     )
     ap.add_argument(
+        "--eager_pick",
+        action="store_true",
+        help="launch the draft pick after the head pass's graph, not inside it (the runtime before "
+        "runner.draft_graphs; an A/B of the MTP round)",
+    )
+    ap.add_argument(
+        "--tune_max_tokens",
+        type=int,
+        default=1 << 30,
+        help="tune the MoE tiles of token buckets up to N only (the rest keep default tiles: a decode-only run "
+        "skips the prefill buckets' two minutes; time to first token then runs untuned tiles)",
+    )
+    ap.add_argument(
         "--decode_budget_s", type=float, default=120.0, help="decoding time per batch size at most"
     )
     ap.add_argument(
@@ -143,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         "compile": args.compile,
         "num_draft_tokens": args.num_draft_tokens,
         "fixed_drafts": args.fixed_drafts,
+        "eager_pick": args.eager_pick,
         "draft_vocab_size": args.draft_vocab_size or None,
+        "tune_max_tokens": args.tune_max_tokens if args.tune_max_tokens < 1 << 30 else None,
     }
     bound = decode_step_bytes(config, args.prompt_len + args.output_len // 2)
     results["bound"] = {
@@ -284,7 +299,8 @@ def decode_run(
 
 def _captures(runner) -> int:
     """CUDA graphs captured so far by the runner's step and head graphs."""
-    return sum(g.stats.captures for g in (runner.step_graphs, runner.head_graphs) if g is not None)
+    graphs = (runner.step_graphs, runner.head_graphs, runner.draft_graphs)
+    return sum(g.stats.captures for g in graphs if g is not None)
 
 
 def profile_steps(step, args: argparse.Namespace, count: int = 4) -> None:
@@ -316,7 +332,8 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
     bc = BuildConfig(
         max_batch_size=max(batches), max_input_len=args.prompt_len, max_seq_len=args.prompt_len + args.output_len,
         max_num_tokens=max(args.prompt_len, max(batches)), dtype="bfloat16", device=args.device,
-        plugin_config=PluginConfig(tune=args.device == "cuda"), max_draft_len=args.num_draft_tokens or 8,
+        plugin_config=PluginConfig(tune=args.device == "cuda", tune_max_tokens=args.tune_max_tokens),
+        max_draft_len=args.num_draft_tokens or 8,
     )  # fmt: skip
     print(
         f"[bench] synthesizing {args.preset} with NVFP4 experts on {args.device}, building in memory",
@@ -333,6 +350,8 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
         # runner (its own KV caches) beside this one, and its cache artifacts matter only for a later load.
         engine.config["build_config"]["compile"] = True
     llm = LLM(engine, cuda_graphs=args.cuda_graphs)
+    if args.eager_pick:
+        llm.engine.runner.draft_graphs = None
     prompts = tier_prompts(tokenizer, config.token_id("bos"), args.prompt_len)
     greedy = SamplingParams(max_tokens=1, ignore_eos=True)
     for warm in (prompts["mixed"][:64], prompts["mixed"]):  # warm-up: kernels compile for short and long

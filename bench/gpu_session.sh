@@ -38,6 +38,8 @@
 #     bash bench/gpu_session.sh s13-e2e-mtp # 1 GPU: e2e batch 1 with 3 drafts every step, compiled, draft vocab
 #     bash bench/gpu_session.sh s14-host    # 1 GPU: CUDA-graph/MTP engine tests, bench.host on the tiny engine
 #     bash bench/gpu_session.sh s14-mtp     # 1 GPU: bench.mtp as s13-mtp, then the e2e MTP round (s13-e2e-mtp)
+#     bash bench/gpu_session.sh s15-mtp     # 1 GPU: the pick inside the head graphs: CUDA-graph/MTP engine tests,
+#                                           #   bench.host, bench.mtp, the e2e MTP round (decode tiles tuned only)
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
 #                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8, compiled
 #
@@ -314,6 +316,18 @@ s14-mtp)
         --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --output_len 128 --batches 1 \
         --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e-mtp"
     pack s14-mtp
+    ;;
+s15-mtp)
+    # Session 15: a drafting head pass replays one graph for the head and its draft pick (Drafter.head_and_pick)
+    run engine_test 260 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "mtp or (graphs and bfloat16)"
+    tiny_engine /tmp/engine-cuda >"$OUT/tiny_build.log" 2>&1
+    run host 90 python3 -m bench.host --engine /tmp/engine-cuda --batch 1 8 --drafts 0 3 --out "$OUT/host"
+    run mtp 240 python3 -m bench.mtp --device cuda --cuda_graphs --compile --draft_vocab_size 32768 \
+        --out "$OUT/mtp"
+    run e2e_mtp 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile \
+        --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --output_len 128 --batches 1 \
+        --tune_max_tokens 16 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e-mtp"
+    pack s15-mtp
     ;;
 s13-e2e-mtp)
     # Session 13: the e2e decode at batch 1 with 3 drafts every step (the adaptive policy off: random

@@ -126,7 +126,7 @@ def instrumented(engine: LLMEngine, clock: Clock):
         saved.append((obj, name, getattr(obj, name)))
         setattr(obj, name, new)
 
-    for graphs in (runner.step_graphs, runner.head_graphs):
+    for graphs in (runner.step_graphs, runner.head_graphs, runner.draft_graphs):
         if graphs is not None:
             patch(graphs, "program", clock.program(graphs.program))
     patch(runner, "step", clock.program(runner.step))

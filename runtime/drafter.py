@@ -142,22 +142,14 @@ class Drafter:
                 continue
             drafting = [j for j, (i, _, _) in enumerate(items) if m <= work[i].num_drafts]
             args, cu, index = self._head_args(m, work, items, fresh, num_drafts, drafted, drafting)
-            if self.runner.head_graphs is not None:
-                (out,) = self.runner.head_graphs(args, variant=m)
-            else:
-                out = self.runner.head(
-                    *[a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args]
-                )
             if drafting:
-                picked = torch.ops.inkling.mtp_draft(
-                    out[index["last_rows"]], self.runner.head_weights[m - 1]["final_layernorm.weight"],
-                    self.draft_lm_head, self.num_draft_rows, self.config.rms_norm_eps, self.draft_impl,
-                )  # fmt: skip
-                if self.draft_ids is not None:
-                    picked = self.draft_ids[picked]
+                last_rows = torch.from_numpy(cu[1:].astype(np.int64)[drafting] - 1)
+                out, picked = self._head_pass(m, args, last_rows)
                 drafted[index["drafters"], m - 1] = picked
                 for j in drafting:
                     num_drafts[items[j][0]] += 1
+            else:
+                (out,) = self._head_pass(m, args)
             for j, (i, start, end) in enumerate(items):
                 rows_m = out[int(cu[j]) : int(cu[j + 1])]
                 fresh[i] = (start, rows_m)
@@ -166,6 +158,34 @@ class Drafter:
                 work[i].seq.head_computed[m - 1] = end
         rows = drafted.tolist() if any(num_drafts) else []  # the round's one wait for the device
         return [rows[i][:n] if n else [] for i, n in enumerate(num_drafts)]
+
+    def _head_pass(self, m: int, args: list, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """Head m over HeadProgram's `args`: its rows [T, H], and with `rows` (host indices of the rows to
+        pick from) the drafts. With CUDA graphs a drafting pass replays one graph for both
+        (runner.draft_graphs), so the pick costs the host no launches of its own."""
+        if rows is not None and self.runner.draft_graphs is not None:
+            return self.runner.draft_graphs([*args, rows], variant=m)
+        if self.runner.head_graphs is not None:
+            (out,) = self.runner.head_graphs(args, variant=m)
+        else:
+            out = self.runner.head(*[a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args])
+        return (out,) if rows is None else (out, self._pick(args[0], out, rows.to(self.device)))
+
+    def head_and_pick(self, *args) -> tuple[torch.Tensor, torch.Tensor]:
+        """HeadProgram over its arguments, then the draft pick of the rows given by the last argument (what
+        runner.draft_graphs captures): (the head's rows [T, H], drafts [N])."""
+        *head_args, rows = args
+        out = self.runner.head(*head_args)
+        return out, self._pick(head_args[0], out, rows)
+
+    def _pick(self, weights: dict, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The drafts of `out`'s rows `rows`: `inkling::mtp_draft` with the head's final norm, mapped
+        through the draft vocabulary."""
+        picked = torch.ops.inkling.mtp_draft(
+            out[rows], weights["final_layernorm.weight"], self.draft_lm_head, self.num_draft_rows,
+            self.config.rms_norm_eps, self.draft_impl,
+        )  # fmt: skip
+        return picked if self.draft_ids is None else self.draft_ids[picked]
 
     def _head_args(
         self,
@@ -179,7 +199,7 @@ class Drafter:
     ) -> tuple[list, np.ndarray, dict[str, torch.Tensor]]:
         """Head m's program arguments over `items` (work item, first position, end), with the ids that
         read drafts filled from `drafted` on the device; its cu_seqlens (host) and the device index
-        vectors of the pick (`last_rows`: each drafting item's last row, `drafters`: its work item).
+        vector of the pick (`drafters`: each drafting item's work item).
         Ragged inputs stay on the host (the head graphs copy them in one transfer); the ids and index
         vectors reach the device in one copy."""
         bs = self.runner.block_size
@@ -213,12 +233,10 @@ class Drafter:
         mm_rows.append(self.runner.splice_row)
         mm_pos.append(T)
         hole_rows, hole_items, hole_drafts = np.array(holes, dtype=np.int64).reshape(-1, 3).T
-        last_rows = (cu[1:].astype(np.int64) - 1)[drafting]
         drafters = np.array([items[j][0] for j in drafting], dtype=np.int64)
         dev = self._to_device_many(
-            ids=ids, hole_rows=hole_rows, hole_items=hole_items, hole_drafts=hole_drafts,
-            last_rows=last_rows, drafters=drafters,
-        )  # fmt: skip
+            ids=ids, hole_rows=hole_rows, hole_items=hole_items, hole_drafts=hole_drafts, drafters=drafters
+        )
         input_ids = dev["ids"]
         if holes:
             input_ids[dev["hole_rows"]] = drafted[dev["hole_items"], dev["hole_drafts"]]

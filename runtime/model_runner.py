@@ -30,6 +30,7 @@ from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .step_graphs import (
     HEAD_ARGS,
+    HEAD_PICK_ARGS,
     STEP_ARGS,
     StepGraphs,
     batch_buckets,
@@ -120,7 +121,7 @@ class ModelRunner(EngineRunner):
         self._init_graphs(cuda_graphs, pad_eager)
 
     def _init_graphs(self, cuda_graphs: bool | None, pad_eager: bool) -> None:
-        self.step_graphs = self.head_graphs = None
+        self.step_graphs = self.head_graphs = self.draft_graphs = None
         impls = self.engine.config["plugin_config"]["impls"]
         if cuda_graphs is None:
             cuda_graphs = not pad_eager and default_cuda_graphs(self.device, impls, self.engine.tp_size)
@@ -147,6 +148,7 @@ class ModelRunner(EngineRunner):
         self.step_graphs = graphs("step", self.step, STEP_ARGS)
         if self.head is not None:
             self.head_graphs = graphs("mtp_head", self.head, HEAD_ARGS)
+            self.draft_graphs = graphs("mtp_head", self.drafter.head_and_pick, HEAD_PICK_ARGS)
 
     def drop_graphs(self) -> None:
         """Destroy the captured graphs, before this rank leaves its process groups: on 2xH200 both ranks of
@@ -154,16 +156,20 @@ class ModelRunner(EngineRunner):
         were alive."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.step_graphs = self.head_graphs = None
+        self.step_graphs = self.head_graphs = self.draft_graphs = None
         gc.collect()
 
     def graph_stats(self) -> dict[str, int]:
         """Calls of the step and head programs that ran from a bucket (graphed) or eager, and captures."""
-        out = {}
-        for name, g in (("step", self.step_graphs), ("head", self.head_graphs)):
-            if g is not None:
-                out.update({f"{name}_graphed": g.stats.graphed, f"{name}_eager": g.stats.eager})
-                out[f"{name}_captures"] = g.stats.captures
+        out: dict[str, int] = {}
+        for name, g in (("step", self.step_graphs), ("head", self.head_graphs), ("head", self.draft_graphs)):
+            if g is not None:  # the head passes with and without a draft pick count together
+                for kind, n in (
+                    ("graphed", g.stats.graphed),
+                    ("eager", g.stats.eager),
+                    ("captures", g.stats.captures),
+                ):
+                    out[f"{name}_{kind}"] = out.get(f"{name}_{kind}", 0) + n
         return out
 
     # Media.

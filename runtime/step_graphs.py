@@ -37,6 +37,7 @@ padding is testable on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Hashable
@@ -145,6 +146,9 @@ HEAD_ARGS = RaggedArgs(
     seqs={7: (0, 0), 9: (0, -1)},
     cu=5, seq_lens=6, q_bound=10, mm_embeds=3, mm_positions=4, outputs=("T",),
 )  # fmt: skip
+# A drafting head pass with its draft pick in the same graph (runtime/drafter.py Drafter.head_and_pick):
+# HeadProgram's arguments, then the rows whose drafts are picked; it returns the head's rows and the drafts.
+HEAD_PICK_ARGS = dataclasses.replace(HEAD_ARGS, outputs=("T", "N"), logits=14)
 
 
 def _pad(x: torch.Tensor, dim: int, size: int, value: float) -> torch.Tensor:

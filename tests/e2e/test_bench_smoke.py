@@ -70,12 +70,15 @@ def test_mtp_benchmark_smoke(tmp_path):
         "--draft_vocab_size",
         "64",
         "--profile",
+        "--cuda_graphs",
         "--out",
         str(tmp_path),
     ]
     assert mtp_main(argv) == 0
     r = json.loads((tmp_path / "mtp.json").read_text())
     assert set(r["verify"]) == {"0", "1", "3", "8"} and r["head"]["seconds"] > 0
+    # --cuda_graphs on the CPU: the recorded inputs staged into the graphs' buckets and run padded
+    assert all(v["graphed_seconds"] > 0 for v in r["verify"].values()) and r["head"]["graphed_seconds"] > 0
     assert r["head"]["draft_rows"] == 64 and r["head"]["full_vocab_draft_seconds"] > 0
     assert "head pass" in (tmp_path / "profile_head.txt").read_text()
 

@@ -272,6 +272,25 @@ def test_padded_steps_equal_unpadded(engine_f32, unpadded):
     assert worst < 1e-5, worst
 
 
+def test_padded_draft_picks_equal_unpadded(engine_f32, unpadded):
+    """The heads' own drafts, round by round: padded head passes with the pick inside the bucket
+    (runner.draft_graphs: the pick's rows padded, its drafts sliced back) draft what the unpadded runs do."""
+    requests, base = unpadded
+    runs = []
+    for kw in ({}, {"pad_eager": True}):
+        seen: list = []
+
+        def record(rid, tokens, drafts, seen=seen):
+            seen.append((rid, len(tokens), list(drafts)))
+            return drafts
+
+        outs, eng = _run(engine_f32[0], requests, record, **kw)
+        runs.append((outs, seen))
+    assert runs[0] == runs[1] and runs[0][0] == base
+    assert sum(len(d) for _, _, d in runs[0][1]) >= 20, runs[0][1]
+    assert eng.runner.draft_graphs.stats.graphed > 0 and eng.runner.head_graphs.stats.graphed > 0
+
+
 def test_full_batch_of_ragged_drafts_pads_to_the_programs_extra_sequence(engine_f32, unpadded):
     """The step and head programs take max_batch_size + 1 sequences (builder.build.program_batch), so a
     full batch with ragged draft counts (k = 0, 1, 3, 8 at max_batch_size 4) is padded with that extra
