@@ -114,7 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         "--decode_budget_s", type=float, default=120.0, help="decoding time per batch size at most"
     )
     ap.add_argument(
-        "--profile_batch", type=int, default=0, help="torch.profiler table of decode steps at this batch"
+        "--profile_batch",
+        type=int,
+        default=0,
+        help="torch.profiler table of decode steps at this batch",
+    )
+    ap.add_argument(
+        "--profile_prefill",
+        action="store_true",
+        help="torch.profiler table of one prefill of the mixed prompt (and its first token)",
     )
     ap.add_argument("--reference_tokens", type=int, default=2, help="tokens each reference peer generates")
     ap.add_argument(
@@ -305,20 +313,25 @@ def _captures(runner) -> int:
 
 def profile_steps(step, args: argparse.Namespace, count: int = 4) -> None:
     """A torch.profiler table of `count` decode steps, by device time and by host time, into --out."""
+    path = os.path.join(args.out, f"profile_batch{args.profile_batch}.txt")
+    write_profile(step, count, path, f"decode steps at batch {args.profile_batch}", args.device)
+
+
+def write_profile(fn, count: int, path: str, what: str, device: str) -> None:
+    """A torch.profiler table of `count` calls of fn (device time on the GPU, then host time) into path."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = args.device == "cuda"
+    cuda = device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         for _ in range(count):
-            step()
+            fn()
         if cuda:
             torch.cuda.synchronize()
     table = prof.key_averages()
     key = "cuda_time_total" if cuda else "cpu_time_total"
-    path = os.path.join(args.out, f"profile_batch{args.profile_batch}.txt")
     with open(path, "w") as f:
-        f.write(f"{count} decode steps at batch {args.profile_batch}, by {key}\n")
+        f.write(f"{count} {what}, by {key}\n")
         f.write(table.table(sort_by=key, row_limit=40) + "\n\nby self_cpu_time_total\n")
         f.write(table.table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
     print(f"[bench] profile written to {path}", flush=True)
@@ -360,6 +373,12 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
         tier: timed(lambda ids=ids: llm.generate(PromptInput(ids), greedy))[1]
         for tier, ids in prompts.items()
     }
+    if args.profile_prefill:  # the mixed tier's prompt: prefill and its first token
+        write_profile(
+            lambda: llm.generate(PromptInput(prompts["mixed"]), greedy), 1,
+            os.path.join(args.out, "profile_prefill.txt"),
+            f"prefill of {args.prompt_len} tokens (the mixed prompt, its first token included)", args.device,
+        )  # fmt: skip
     results["decode"] = {}
     for batch in batches:
         reqs = [prompts[list(prompts)[i % 3]] for i in range(batch)]

@@ -12,6 +12,11 @@ d0 .. d0 + BAND - 1 with d0 = first query position - last key position: r_tile @
 the tensor cores ([M, BAND]), then sheared so that query row a, key column b reads band column
 a - b + BLOCK_N - 1 (a gather along the band axis). When every distance in the tile is at least
 R - 1 the term is r_i . E[R-1] per row, computed once per program.
+
+One-head tiles (prefill) may instead take the term of a chunk of CHUNK KV tiles at once (U_WIDTH > 0):
+U[a, u] = r_a . E[u_base + u] into a per-program table, two barriers per chunk, then the chunk's tiles
+read it sheared by plain loads. Their loop then has no barrier, so Triton software-pipelines its K/V loads,
+which it does not do for a loop with one (the per-tile scratch shear's two barriers; see bench/sm90.py).
 """
 
 import triton
@@ -172,6 +177,10 @@ def _attend_tile(
     DOT_PRECISION: tl.constexpr,
     scratch_ptr,
     SCRATCH: tl.constexpr,
+    RELATIVE: tl.constexpr,
+    FAR_TEST: tl.constexpr,
+    u_base,  # U_WIDTH > 0: the distance of column 0 of this program's table U (see _fill_relative_table)
+    U_WIDTH: tl.constexpr,
 ):
     """One KV tile of the online softmax: returns the updated (m_i, l_i, acc)."""
     offs_d = tl.arange(0, D)
@@ -184,7 +193,17 @@ def _attend_tile(
     k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=kv_ok[None, :], other=0.0)
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, BLOCK_N], log2 units
 
-    if SINGLE_QUERY and REL_DOT:
+    if not RELATIVE:
+        pass  # the timing probe without the relative term (AttentionConfig.relative)
+    elif U_WIDTH > 0:
+        # HEADS == 1: the term was written for a chunk of tiles at once (U[a, u] = r_a . E[u_base + u]);
+        # query a, key j0 + b reads U[a, first_pos + a - j0 - b - u_base], a run of consecutive columns
+        # per row. A plain load: no barrier in the tile loop, which Triton then software-pipelines.
+        a = tl.arange(0, BLOCK_Q)
+        b = tl.arange(0, BLOCK_N)
+        col = (first_pos - j0 - u_base) + a[:, None] - b[None, :]
+        s += tl.load(scratch_ptr + a[:, None] * U_WIDTH + col) * LOG2E
+    elif SINGLE_QUERY and REL_DOT:
         # Decode: key b is at distance first_pos - b from the query, and no shear is needed. The term is
         # one dot on the tensor cores: r here is the block-diagonal [M, HEADS * DR] operand the kernel
         # built (row m holds its head's r in that head's DR columns), and the band tile is [HEADS * DR,
@@ -202,32 +221,37 @@ def _attend_tile(
         )
         bias = tl.dot(r, e_tile.to(r.dtype), input_precision=DOT_PRECISION)  # [M, BLOCK_N]
         s += tl.where(near[None, :], bias, r_last[:, None]) * LOG2E
-    elif first_pos - (j0 + BLOCK_N - 1) >= R - 1:
-        s += r_last[:, None] * LOG2E
     else:
         d0 = first_pos - (j0 + BLOCK_N - 1)
-        bias = _relative_band(
-            r,
-            e_ptr,
-            stride_eh,
-            stride_er,
-            head0,
-            d0,
-            R,
-            num_rows,
-            DR,
-            HEADS,
-            BLOCK_Q,
-            BLOCK_N,
-            BAND,
-            BAND_3D,
-            SINGLE_QUERY,
-            REL_GEMV,
-            DOT_PRECISION,
-            scratch_ptr,
-            SCRATCH,
-        )
-        s += bias * LOG2E
+        if FAR_TEST:  # a tile whose every distance is clipped takes r_last (a runtime branch)
+            far = d0 >= R - 1
+        else:  # no such tile, or not worth the branch: the band clamps its distances to R - 1
+            far = False
+        if far:
+            s += r_last[:, None] * LOG2E
+        else:
+            bias = _relative_band(
+                r,
+                e_ptr,
+                stride_eh,
+                stride_er,
+                head0,
+                d0,
+                R,
+                num_rows,
+                DR,
+                HEADS,
+                BLOCK_Q,
+                BLOCK_N,
+                BAND,
+                BAND_3D,
+                SINGLE_QUERY,
+                REL_GEMV,
+                DOT_PRECISION,
+                scratch_ptr,
+                SCRATCH,
+            )
+            s += bias * LOG2E
 
     dist = pos[:, None] - offs_n[None, :]
     allowed = row_ok[:, None] & kv_ok[None, :] & (dist >= 0) & (dist < window)
@@ -246,6 +270,209 @@ def _attend_tile(
 
 
 @triton.jit
+def _attend_tiles(
+    t_start,
+    t_end,
+    q,
+    r,
+    r_last,
+    pos,
+    row_ok,
+    m_i,
+    l_i,
+    acc,
+    lo,
+    hi,
+    first_pos,
+    num_rows,
+    seq,
+    head0,
+    kv_head,
+    e_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    stride_eh,
+    stride_er,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    R,
+    window,
+    qk_scale,
+    D: tl.constexpr,
+    DR: tl.constexpr,
+    HEADS: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BAND: tl.constexpr,
+    BAND_3D: tl.constexpr,
+    SINGLE_QUERY: tl.constexpr,
+    REL_DOT: tl.constexpr,
+    REL_GEMV: tl.constexpr,
+    PAGE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    scratch_ptr,
+    SCRATCH: tl.constexpr,
+    RELATIVE: tl.constexpr,
+    FAR_TEST: tl.constexpr,
+    u_base,  # U_WIDTH > 0: the distance of column 0 of this program's table U (see _fill_relative_table)
+    U_WIDTH: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """KV tiles t_start .. t_end - 1 of the online softmax (_attend_tile): the updated (m_i, l_i, acc)."""
+    if INTERPRET:
+        # The CPU interpreter (numpy 2) cannot take computed loop bounds in range().
+        t = t_start
+        while t < t_end:
+            m_i, l_i, acc = _attend_tile(
+                t,
+                q,
+                r,
+                r_last,
+                pos,
+                row_ok,
+                m_i,
+                l_i,
+                acc,
+                lo,
+                hi,
+                first_pos,
+                num_rows,
+                seq,
+                head0,
+                kv_head,
+                e_ptr,
+                k_cache_ptr,
+                v_cache_ptr,
+                block_table_ptr,
+                stride_eh,
+                stride_er,
+                stride_kb,
+                stride_ks,
+                stride_kh,
+                stride_vb,
+                stride_vs,
+                stride_vh,
+                stride_bt,
+                R,
+                window,
+                qk_scale,
+                D,
+                DR,
+                HEADS,
+                BLOCK_Q,
+                BLOCK_N,
+                BAND,
+                BAND_3D,
+                SINGLE_QUERY,
+                REL_DOT,
+                REL_GEMV,
+                PAGE,
+                DOT_PRECISION,
+                scratch_ptr,
+                SCRATCH,
+                RELATIVE,
+                FAR_TEST,
+                u_base,
+                U_WIDTH,
+            )
+            t += 1
+    else:
+        for t in range(t_start, t_end):
+            m_i, l_i, acc = _attend_tile(
+                t,
+                q,
+                r,
+                r_last,
+                pos,
+                row_ok,
+                m_i,
+                l_i,
+                acc,
+                lo,
+                hi,
+                first_pos,
+                num_rows,
+                seq,
+                head0,
+                kv_head,
+                e_ptr,
+                k_cache_ptr,
+                v_cache_ptr,
+                block_table_ptr,
+                stride_eh,
+                stride_er,
+                stride_kb,
+                stride_ks,
+                stride_kh,
+                stride_vb,
+                stride_vs,
+                stride_vh,
+                stride_bt,
+                R,
+                window,
+                qk_scale,
+                D,
+                DR,
+                HEADS,
+                BLOCK_Q,
+                BLOCK_N,
+                BAND,
+                BAND_3D,
+                SINGLE_QUERY,
+                REL_DOT,
+                REL_GEMV,
+                PAGE,
+                DOT_PRECISION,
+                scratch_ptr,
+                SCRATCH,
+                RELATIVE,
+                FAR_TEST,
+                u_base,
+                U_WIDTH,
+            )
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _fill_relative_table(
+    r,  # [BLOCK_Q, DR]
+    e_ptr,
+    stride_eh,
+    stride_er,
+    head0,
+    u_base,
+    R,
+    scratch_ptr,
+    DR: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    PIECE: tl.constexpr,
+    U_WIDTH: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """U[a, u] = r_a . E[head0, clamp(u_base + u, 0, R - 1)] for u < U_WIDTH, into this program's float32
+    [BLOCK_Q, U_WIDTH] scratch, PIECE columns per tensor-core dot. Each distance is computed once per chunk
+    of KV tiles (the band per tile computes most twice), and the barriers are once per chunk."""
+    a = tl.arange(0, BLOCK_Q)
+    offs_dr = tl.arange(0, DR)
+    tl.debug_barrier()  # the previous chunk's reads are done before U is overwritten
+    for piece in tl.static_range(U_WIDTH // PIECE):
+        u = piece * PIECE + tl.arange(0, PIECE)
+        dist = tl.minimum(tl.maximum(u_base + u, 0), R - 1)
+        e_rows = tl.load(
+            e_ptr + head0 * stride_eh + dist[:, None] * stride_er + offs_dr[None, :]
+        )  # [PIECE, DR]
+        part = tl.dot(r, tl.trans(e_rows.to(r.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_Q, PIECE]
+        tl.store(scratch_ptr + a[:, None] * U_WIDTH + u[None, :], part)
+    tl.debug_barrier()  # U is whole before any thread reads it
+
+
+@triton.jit
 def sheared_bias_attention_kernel(
     q_ptr,  # [T, Hq, D]
     r_ptr,  # [T, Hq, DR]
@@ -258,7 +485,7 @@ def sheared_bias_attention_kernel(
     out_ptr,  # [T, Hq, D]
     o_part_ptr,  # float32 [num_splits, T, Hq, D] (split mode only)
     lse_part_ptr,  # float32 [num_splits, T, Hq], log2 domain (split mode only)
-    scratch_ptr,  # float32 [programs, BLOCK_Q, BAND] (SCRATCH only)
+    scratch_ptr,  # float32 [programs, BLOCK_Q, BAND] (SCRATCH) or [programs, BLOCK_Q, U_WIDTH] (U_WIDTH > 0)
     stride_qt,
     stride_qh,
     stride_rt,
@@ -295,6 +522,10 @@ def sheared_bias_attention_kernel(
     SPLIT: tl.constexpr,  # num_splits > 1: write partial (o, lse) for split_kv_reduce_kernel
     DOT_PRECISION: tl.constexpr,
     SCRATCH: tl.constexpr,  # shear the relative band through a per-program scratch (HEADS == 1)
+    RELATIVE: tl.constexpr,  # False: no relative term (a timing probe only, see AttentionConfig.relative)
+    FAR_TEST: tl.constexpr,  # test each tile for distances all clipped at R - 1 (see AttentionConfig.far_test)
+    U_WIDTH: tl.constexpr,  # > 0 (HEADS == 1): the relative term from a table per chunk of CHUNK tiles
+    CHUNK: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     M: tl.constexpr = HEADS * BLOCK_Q
@@ -305,7 +536,10 @@ def sheared_bias_attention_kernel(
     kv_head = head0 // GROUP
     split = tl.program_id(2)
     program = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + split
-    scratch_ptr += program.to(tl.int64) * (BLOCK_Q * BAND)
+    if U_WIDTH > 0:
+        scratch_ptr += program.to(tl.int64) * (BLOCK_Q * U_WIDTH)
+    else:
+        scratch_ptr += program.to(tl.int64) * (BLOCK_Q * BAND)
 
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
@@ -359,12 +593,18 @@ def sheared_bias_attention_kernel(
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, D], tl.float32)
-    if INTERPRET:
-        # The CPU interpreter (numpy 2) cannot take computed loop bounds in range().
-        t = my_lo
-        while t < my_hi:
-            m_i, l_i, acc = _attend_tile(
-                t,
+    if U_WIDTH > 0:
+        # Chunks of CHUNK tiles: the relative table of a chunk, then its tiles (a loop without barriers).
+        c = my_lo
+        while c < my_hi:
+            u_base = first_pos - (c + CHUNK) * BLOCK_N + 1  # the chunk's smallest distance
+            _fill_relative_table(
+                r, e_ptr, stride_eh, stride_er, head0, u_base, R, scratch_ptr,
+                DR, BLOCK_Q, BLOCK_N, U_WIDTH, DOT_PRECISION,
+            )  # fmt: skip
+            m_i, l_i, acc = _attend_tiles(
+                c,
+                tl.minimum(c + CHUNK, my_hi),
                 q,
                 r,
                 r_last,
@@ -410,58 +650,68 @@ def sheared_bias_attention_kernel(
                 DOT_PRECISION,
                 scratch_ptr,
                 SCRATCH,
+                RELATIVE,
+                FAR_TEST,
+                u_base,
+                U_WIDTH,
+                INTERPRET,
             )
-            t += 1
+            c += CHUNK
     else:
-        for t in range(my_lo, my_hi):
-            m_i, l_i, acc = _attend_tile(
-                t,
-                q,
-                r,
-                r_last,
-                pos,
-                row_ok,
-                m_i,
-                l_i,
-                acc,
-                lo,
-                hi,
-                first_pos,
-                num_rows,
-                seq,
-                head0,
-                kv_head,
-                e_ptr,
-                k_cache_ptr,
-                v_cache_ptr,
-                block_table_ptr,
-                stride_eh,
-                stride_er,
-                stride_kb,
-                stride_ks,
-                stride_kh,
-                stride_vb,
-                stride_vs,
-                stride_vh,
-                stride_bt,
-                R,
-                window,
-                qk_scale,
-                D,
-                DR,
-                HEADS,
-                BLOCK_Q,
-                BLOCK_N,
-                BAND,
-                BAND_3D,
-                SINGLE_QUERY,
-                REL_DOT,
-                REL_GEMV,
-                PAGE,
-                DOT_PRECISION,
-                scratch_ptr,
-                SCRATCH,
-            )
+        m_i, l_i, acc = _attend_tiles(
+            my_lo,
+            my_hi,
+            q,
+            r,
+            r_last,
+            pos,
+            row_ok,
+            m_i,
+            l_i,
+            acc,
+            lo,
+            hi,
+            first_pos,
+            num_rows,
+            seq,
+            head0,
+            kv_head,
+            e_ptr,
+            k_cache_ptr,
+            v_cache_ptr,
+            block_table_ptr,
+            stride_eh,
+            stride_er,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            stride_bt,
+            R,
+            window,
+            qk_scale,
+            D,
+            DR,
+            HEADS,
+            BLOCK_Q,
+            BLOCK_N,
+            BAND,
+            BAND_3D,
+            SINGLE_QUERY,
+            REL_DOT,
+            REL_GEMV,
+            PAGE,
+            DOT_PRECISION,
+            scratch_ptr,
+            SCRATCH,
+            RELATIVE,
+            FAR_TEST,
+            0,
+            0,
+            INTERPRET,
+        )
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]

@@ -29,15 +29,27 @@ class AttentionConfig:
     num_splits: int
     num_warps: int = 4
     num_stages: int = 2
-    # How the relative band is sheared for one-head tiles: "gather" (tl.gather in registers) or
-    # "scratch" (through a per-program float32 scratch in global memory, L1/L2-resident).
+    # How the relative band is sheared for one-head tiles: "gather" (tl.gather in registers), "scratch"
+    # (through a per-program float32 scratch in global memory, L1/L2-resident, two barriers per tile), or
+    # "chunk": the term of `chunk_tiles` KV tiles at once into a per-program float32 table U of
+    # [block_q, next_pow2(chunk_tiles * block_n + block_q - 1)] (two barriers per chunk), which each tile
+    # reads sheared by plain loads, so the tile loop has no barrier and Triton pipelines its K/V loads
+    # (compiled for sm_90, the scratch form's loop had no cp.async at all).
     shear: str = "gather"
+    chunk_tiles: int = 4
     # Decode (one query): the relative term as a tensor-core dot whose E tile goes through the software
     # pipeline with K and V (True), or as a GEMV on the CUDA cores with E loaded into registers (False).
     rel_dot: bool = False
     # Verify (heads > 1, several queries): the relative term as one GEMV per query row (True), or as a
     # band product per head sheared with tl.gather (False; needs block_q >= 16).
     rel_gemv: bool = False
+    # Test each KV tile for distances all clipped at R - 1 (then the term is r . E[R-1] per row, no band):
+    # a runtime branch in the tile loop. False: every tile takes the band path, which clamps distances
+    # itself (the same result; for launches whose tiles are never wholly past R - 1).
+    far_test: bool = True
+    # False: no relative term at all. A timing probe of the kernel's floor for bench/attention.py, whose
+    # result is NOT the op's; choose_config never sets it.
+    relative: bool = True
 
     def __post_init__(self) -> None:
         for name in ("heads", "block_q", "block_n"):
@@ -48,8 +60,12 @@ class AttentionConfig:
             raise ValueError("AttentionConfig: heads*block_q and block_n must be at least 16 (tl.dot)")
         if not 1 <= self.num_splits <= MAX_SPLITS:
             raise ValueError(f"AttentionConfig.num_splits must be in 1..{MAX_SPLITS}")
-        if self.shear not in ("gather", "scratch"):
-            raise ValueError(f"AttentionConfig.shear must be 'gather' or 'scratch', got {self.shear!r}")
+        if self.shear not in ("gather", "scratch", "chunk"):
+            raise ValueError(
+                f"AttentionConfig.shear must be 'gather', 'scratch' or 'chunk', got {self.shear!r}"
+            )
+        if self.chunk_tiles < 1:
+            raise ValueError(f"AttentionConfig.chunk_tiles must be at least 1, got {self.chunk_tiles}")
 
 
 @functools.cache
@@ -157,6 +173,44 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(f"sheared_bias_attention: {msg}")
 
 
+def kernel_constexprs(
+    config: AttentionConfig, max_seqlen_q: int, group: int, D: int, Dr: int, page: int, dtype: torch.dtype
+) -> dict:
+    """The attention kernel's compile-time arguments for a launch (bench/sm90.py compiles the same)."""
+    one_head_tiles = config.heads == 1 and max_seqlen_q > 1
+    rel_gemv = config.rel_gemv and config.heads > 1 and max_seqlen_q > 1
+    u_width = 0
+    if config.shear == "chunk" and one_head_tiles:
+        u_width = triton.next_power_of_2(config.chunk_tiles * config.block_n + config.block_q - 1)
+    return dict(
+        D=D,
+        DR=Dr,
+        GROUP=group,
+        HEADS=config.heads,
+        BLOCK_Q=config.block_q,
+        BLOCK_N=config.block_n,
+        BAND=triton.next_power_of_2(min(config.block_q, max_seqlen_q) + config.block_n - 1),
+        BAND_3D=config.heads > 1 and config.block_q >= 16 and not rel_gemv,
+        SINGLE_QUERY=max_seqlen_q == 1,
+        REL_DOT=config.rel_dot,
+        REL_GEMV=rel_gemv,
+        PAGE=page,
+        SPLIT=config.num_splits > 1,
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        SCRATCH=config.shear == "scratch" and one_head_tiles,
+        RELATIVE=config.relative,
+        FAR_TEST=config.far_test,
+        U_WIDTH=u_width,
+        CHUNK=config.chunk_tiles,
+        INTERPRET=interpreting(),
+    )
+
+
+def scratch_row(constexprs: dict) -> int:
+    """float32 elements per query row of a program's scratch (0: the launch needs none)."""
+    return constexprs["U_WIDTH"] or (constexprs["BAND"] if constexprs["SCRATCH"] else 0)
+
+
 def sheared_bias_attention(
     q: torch.Tensor,  # [T, Hq, D]
     r: torch.Tensor,  # [T, Hq, Dr]
@@ -214,7 +268,6 @@ def sheared_bias_attention(
         )
     group = Hq // Hkv
     _check(config.heads in (1, group), f"config.heads must be 1 or the GQA group {group}")
-    band = triton.next_power_of_2(min(config.block_q, max_seqlen_q) + config.block_n - 1)
     splits = config.num_splits
     if splits > 1:
         o_part = torch.empty((splits, T, Hq, D), dtype=torch.float32, device=q.device)
@@ -222,11 +275,11 @@ def sheared_bias_attention(
     else:
         o_part = lse_part = out  # unused
     grid = (triton.cdiv(max_seqlen_q, config.block_q), B * (Hq // config.heads), splits)
-    scratch_shear = config.shear == "scratch" and config.heads == 1 and max_seqlen_q > 1
-    rel_gemv = config.rel_gemv and config.heads > 1 and max_seqlen_q > 1
-    if scratch_shear:
+    constexprs = kernel_constexprs(config, max_seqlen_q, group, D, Dr, BS, q.dtype)
+    row = scratch_row(constexprs)
+    if row:
         scratch = torch.empty(
-            (grid[0] * grid[1] * grid[2], config.block_q, band), dtype=torch.float32, device=q.device
+            (grid[0] * grid[1] * grid[2], config.block_q, row), dtype=torch.float32, device=q.device
         )
     else:
         scratch = out  # unused
@@ -264,22 +317,7 @@ def sheared_bias_attention(
         R,
         window if window > 0 else FULL_WINDOW,
         scale,
-        D=D,
-        DR=Dr,
-        GROUP=group,
-        HEADS=config.heads,
-        BLOCK_Q=config.block_q,
-        BLOCK_N=config.block_n,
-        BAND=band,
-        BAND_3D=config.heads > 1 and config.block_q >= 16 and not rel_gemv,
-        SINGLE_QUERY=max_seqlen_q == 1,
-        REL_DOT=config.rel_dot,
-        REL_GEMV=rel_gemv,
-        PAGE=BS,
-        SPLIT=splits > 1,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        SCRATCH=scratch_shear,
-        INTERPRET=interpreting(),
+        **constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

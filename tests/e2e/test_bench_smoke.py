@@ -7,8 +7,8 @@ from bench.e2e import main
 
 def test_e2e_benchmark_smoke(tmp_path):
     argv = ["--preset", "inkling-tiny", "--device", "cpu", "--prompt_len", "96", "--output_len", "14",
-            "--batches", "1,2", "--profile_batch", "2", "--reference_tokens", "1", "--reference_peers", "eager",
-            "--out", str(tmp_path)]  # fmt: skip
+            "--batches", "1,2", "--profile_batch", "2", "--profile_prefill", "--reference_tokens", "1",
+            "--reference_peers", "eager", "--out", str(tmp_path)]  # fmt: skip
     assert main(argv) == 0
     r = json.loads((tmp_path / "results.json").read_text())
     assert set(r["ttft_s"]) == {"low", "mixed", "high"} and set(r["decode"]) == {"1", "2"}
@@ -17,6 +17,7 @@ def test_e2e_benchmark_smoke(tmp_path):
     assert all(d["throughput_tokens_per_s"] > 0 for d in r["decode"].values())
     assert r["reference"]["eager"]["s_per_token"] > 0
     assert "4 decode steps at batch 2" in (tmp_path / "profile_batch2.txt").read_text()
+    assert "1 prefill of 96 tokens" in (tmp_path / "profile_prefill.txt").read_text()
     assert "time to first token" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "e2e.png").stat().st_size > 10_000
 
@@ -117,3 +118,15 @@ def test_host_benchmark_smoke(engine_f32, tmp_path):
         assert ops.get("run:kernel", 0) <= 4 and ops.get("run:readback", 0) == 0, ops
         assert (ops.get("run_heads:kernel", 0) > 0) == (drafts > 0)
     assert "| 3 | 2 |" in (tmp_path / "host.md").read_text()
+
+
+def test_sm90_report_smoke(tmp_path):
+    """bench.sm90 compiles the attention kernel for sm_90 without a GPU (as the launcher would launch the
+    chunked-table prefill) and reads registers and PTX counts: it breaks when the kernel's arguments and
+    the launcher's constexprs drift apart."""
+    from bench.sm90 import main as sm90_main
+
+    assert sm90_main(["--seq", "1024", "--only", "shear='chunk', chunk_tiles=7", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "sm90.json").read_text())["rows"]
+    assert 0 < row["registers"] <= 255 and row["shared_bytes"] > 0 and row["wgmma"] > 0
+    assert "chunk_tiles=7" in (tmp_path / "sm90.md").read_text()

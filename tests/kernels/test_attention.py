@@ -219,6 +219,45 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
             0,
             AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=2, shear="scratch"),
         ),
+        # no per-tile test for wholly clipped tiles (far_test off): tiles past R - 1 take the band path,
+        # whose distances clamp to R - 1 (prefill by scratch and by gather, decode GEMV, verify GEMV)
+        (
+            [(150, 150), (90, 23)],
+            0,
+            AttentionConfig(heads=1, block_q=16, block_n=16, num_splits=1, shear="scratch", far_test=False),
+        ),
+        (
+            [(150, 150)],
+            32,
+            AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=2, far_test=False),
+        ),
+        (
+            DECODE,
+            0,
+            AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=3, rel_dot=False, far_test=False),
+        ),
+        (
+            [(150, 4), (80, 3)],
+            0,
+            AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=2, rel_gemv=True, far_test=False),
+        ),
+        # the relative table per chunk of tiles: chunks of 1, 3 (not dividing a split's tiles) and 4 tiles,
+        # split or not, sliding, distances past R - 1, prefill and chunked prefill (queries over a prefix)
+        (
+            PREFILL + CHUNKED,
+            0,
+            AttentionConfig(heads=1, block_q=16, block_n=16, num_splits=1, shear="chunk", chunk_tiles=1),
+        ),
+        (
+            [(150, 150), (90, 23), (17, 1)],
+            0,
+            AttentionConfig(heads=1, block_q=16, block_n=16, num_splits=2, shear="chunk", chunk_tiles=3),
+        ),
+        (
+            CHUNKED + [(150, 150)],
+            32,
+            AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=3, shear="chunk", chunk_tiles=4),
+        ),
     ],
     ids=[
         "decode",
@@ -235,6 +274,13 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         "scratch-shear",
         "scratch-shear-sliding-split",
         "scratch-shear-64x64-clipped",
+        "scratch-no-far-test",
+        "gather-no-far-test-sliding",
+        "decode-gemv-no-far-test",
+        "verify-gemv-no-far-test",
+        "chunk-1",
+        "chunk-3-split-clipped",
+        "chunk-4-sliding-split",
     ],
 )
 def test_split_kv(seqs, window, config):
@@ -242,6 +288,17 @@ def test_split_kv(seqs, window, config):
     batch = make_batch(seqs, hq=8, hkv=2, window=window)
     out = launcher.sheared_bias_attention(*batch.args(), config=config)
     assert_close(out, batch.truth, 1e-4)
+
+
+def test_probe_without_the_relative_term():
+    """AttentionConfig(relative=False), bench/attention.py's floor probe: attention without r . E, i.e. the
+    reference op with r = 0 (so the probe times the rest of the kernel's work, not some other math)."""
+    batch = make_batch(PREFILL + CHUNKED, hq=8, hkv=2, window=32)
+    config = AttentionConfig(heads=1, block_q=16, block_n=16, num_splits=2, shear="scratch", relative=False)
+    out = launcher.sheared_bias_attention(*batch.args(), config=config)
+    batch.r = torch.zeros_like(batch.r)
+    assert_close(out, attention(batch, "reference"), 1e-4)
+    assert (out - batch.truth).abs().max() > 1e-2  # the relative term does matter in this batch
 
 
 def test_triton_head_dim_128():
@@ -363,6 +420,35 @@ GPU_CONFIGS = [
         heads=1, block_q=128, block_n=64, num_splits=2, num_warps=8, num_stages=2, shear="scratch"
     ),
 ]
+
+
+# The relative table per chunk of tiles (shear="chunk"), as bench/attention.py times it for prefill.
+CHUNK_CONFIGS = {
+    "chunk3": AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", chunk_tiles=3),
+    "chunk3-8warps": AttentionConfig(
+        heads=1, block_q=64, block_n=64, num_splits=1, num_warps=8, shear="chunk", chunk_tiles=3
+    ),
+    "chunk7-8warps-split": AttentionConfig(
+        heads=1, block_q=64, block_n=64, num_splits=2, num_warps=8, shear="chunk", chunk_tiles=7
+    ),
+    "chunk3-64x32": AttentionConfig(
+        heads=1, block_q=64, block_n=32, num_splits=1, shear="chunk", chunk_tiles=3
+    ),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("window", [0, 256])
+@pytest.mark.parametrize("name", list(CHUNK_CONFIGS))
+def test_gpu_chunk_shear(name, window):
+    """Prefill and chunked prefill in bf16 with the chunked relative table, distances past R = 512."""
+    batch = make_batch(
+        [(1000, 1000), (700, 300), (65, 65)], hq=8, hkv=2, d=128, dr=32, rel=512, window=window,
+        dtype=torch.bfloat16,
+    )  # fmt: skip
+    out = launcher.sheared_bias_attention(*batch.args(), config=CHUNK_CONFIGS[name])
+    assert_close(out, batch.truth, 3e-2)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,178 @@
+"""What the attention kernel compiles to on an H200 (sm_90), read on a machine without a GPU.
+
+    python -m bench.sm90 --out DIR [--seq 8192] [--only SUBSTRING]
+
+Triton compiles for a named target without a device, and its bundled ptxas reports registers, spills and
+barriers. For each prefill variant of bench/attention.py (the default tiles first) this writes a table of:
+- registers per thread and spill bytes (stores + loads to local memory);
+- shared memory per program;
+- counts in the PTX of `cp.async` (the loads Triton's software pipeline issues ahead of their use: a loop
+  without them waits for each K/V tile), `wgmma`, barriers (`bar.sync`) and warp shuffles (`shfl`).
+
+These say whether a variant can run well, not how fast it runs: only the GPU says that (bench/attention.py).
+It was how session 15 found that the scratch shear's barriers left its tile loop without a pipeline.
+The kernel is compiled as the launcher would launch it (`launcher.kernel_constexprs`), bf16, with the
+pointers and strides that are multiples of 16 marked so (as Triton's launch specialises them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from plugins.attention import kernels
+from plugins.attention.launcher import AttentionConfig, choose_config, kernel_constexprs
+
+# inkling-bench's attention (bench/attention.py): Hq 64, Hkv 8, D 128, Dr 32, R 8192, 16-token pages
+HQ, HKV, D, DR, R, PAGE = 64, 8, 128, 32, 8192, 16
+POINTERS = {
+    "q_ptr": "*bf16", "r_ptr": "*bf16", "e_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
+    "block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
+    "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "scratch_ptr": "*fp32",
+}  # fmt: skip
+PTX_COUNTS = {
+    "cp.async": r"cp\.async\.c[ag]\.",
+    "wgmma": r"wgmma\.mma_async",
+    "mma.sync": r"\bmma\.sync",
+    "bar.sync": r"\bbar\.sync|\bbarrier\.sync",
+    "shfl": r"shfl\.sync",
+}
+
+
+def int_args(seq: int, num_splits: int) -> dict[str, int]:
+    """The kernel's integer arguments for one sequence of `seq` tokens (values decide divisibility only)."""
+    kv_row = HKV * D
+    return dict(
+        stride_qt=HQ * D, stride_qh=D, stride_rt=HQ * DR, stride_rh=DR, stride_eh=R * DR, stride_er=DR,
+        stride_kb=PAGE * kv_row, stride_ks=kv_row, stride_kh=D, stride_vb=PAGE * kv_row, stride_vs=kv_row,
+        stride_vh=D, stride_bt=-(-seq // PAGE), stride_ot=HQ * D, stride_oh=D, num_tokens=seq, num_q_heads=HQ,
+        num_splits=num_splits, R=R, window=1 << 30,
+    )  # fmt: skip
+
+
+def compile_attention(config: AttentionConfig, seq: int):
+    """The attention kernel compiled for sm_90 as a prefill of `seq` tokens with `config` would launch it."""
+    kernel = kernels.sheared_bias_attention_kernel
+    ints = int_args(seq, config.num_splits)
+    constexprs = kernel_constexprs(config, seq, HQ // HKV, D, DR, PAGE, torch.bfloat16)
+    constexprs["INTERPRET"] = False
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in POINTERS:
+            signature[name] = POINTERS[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in ints:
+            signature[name] = "i32"
+            if ints[name] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name == "scale":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "constexpr"
+    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def ptxas_report(ptx: str) -> dict[str, int]:
+    """Registers and spill bytes from ptxas -v on the PTX (sm_90a, as Triton assembles it)."""
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        log = subprocess.run(
+            [ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(tmp, "kernel.cubin")],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return {
+        "registers": int(regs.group(1)) if regs else -1,
+        "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else 0,
+        "wgmma_serialized": int("wgmma.mma_async instructions are serialized" in log),
+    }
+
+
+def report(config: AttentionConfig, seq: int) -> dict:
+    compiled = compile_attention(config, seq)
+    ptx = compiled.asm["ptx"]
+    row = {"variant": short(config), "config": repr(config), "shared_bytes": compiled.metadata.shared}
+    row.update(ptxas_report(ptx))
+    row.update({name: len(re.findall(pattern, ptx)) for name, pattern in PTX_COUNTS.items()})
+    return row
+
+
+def short(config: AttentionConfig) -> str:
+    """block_q x block_n, warps, stages, and the fields that differ from AttentionConfig's defaults."""
+    base = AttentionConfig(heads=config.heads, block_q=config.block_q, block_n=config.block_n, num_splits=1)
+    extra = [
+        f"{f.name}={getattr(config, f.name)!r}"
+        for f in dataclasses.fields(config)
+        if f.name not in ("heads", "block_q", "block_n", "num_warps", "num_stages")
+        and getattr(config, f.name) != getattr(base, f.name)
+    ]
+    return " ".join(
+        [f"{config.block_q}x{config.block_n}", f"{config.num_warps}w", f"{config.num_stages}s", *extra]
+    )
+
+
+def variants(seq: int) -> list[AttentionConfig]:
+    """The launcher's choice for a prefill of `seq` tokens, then bench/attention.py's prefill variants."""
+    from bench.attention import PREFILL_VARIANTS
+
+    default = choose_config(1, HQ, HKV, seq, seq, 132)
+    return [default] + [c for c in PREFILL_VARIANTS if c != default]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seq", type=int, default=8192, help="prefill length the launches are shaped for")
+    ap.add_argument("--only", default="", help="compile the variants whose repr contains this")
+    args = ap.parse_args(argv)
+    if not isinstance(kernels.sheared_bias_attention_kernel, triton.runtime.jit.JITFunction):
+        # TRITON_INTERPRET=1 (the tests) made this process's kernels, triton.language's too, interpreted
+        # ones, which cannot be compiled: compile in a process without it.
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        argv = sys.argv[1:] if argv is None else argv
+        return subprocess.run([sys.executable, "-m", "bench.sm90", *argv], env=env, check=False).returncode
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for config in variants(args.seq):
+        if args.only in repr(config):
+            rows.append(report(config, args.seq))
+            print(json.dumps(rows[-1]), flush=True)
+    with open(os.path.join(args.out, "sm90.json"), "w") as f:
+        json.dump({"seq": args.seq, "rows": rows}, f, indent=1)
+    lines = [
+        f"# The attention kernel compiled for sm_90 (`python -m bench.sm90 --seq {args.seq}`), prefill tiles",
+        "",
+        "| variant | registers | spill bytes | shared bytes | cp.async | wgmma | mma.sync | bar.sync | shfl |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        serial = " (wgmma serialized)" if r["wgmma_serialized"] else ""
+        lines.append(
+            f"| {r['variant']} | {r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} | {r['cp.async']} "
+            f"| {r['wgmma']}{serial} | {r['mma.sync']} | {r['bar.sync']} | {r['shfl']} |"
+        )
+    with open(os.path.join(args.out, "sm90.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
