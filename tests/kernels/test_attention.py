@@ -258,6 +258,12 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
             32,
             AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=3, shear="chunk", chunk_tiles=4),
         ),
+        # the GPU's prefill tile shape, 64x64, R clipped
+        (
+            [(200, 200), (9, 2)],
+            0,
+            AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", chunk_tiles=3),
+        ),
     ],
     ids=[
         "decode",
@@ -281,6 +287,7 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         "chunk-1",
         "chunk-3-split-clipped",
         "chunk-4-sliding-split",
+        "chunk-3-64x64-clipped",
     ],
 )
 def test_split_kv(seqs, window, config):
