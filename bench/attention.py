@@ -80,6 +80,20 @@ PREFILL_VARIANTS = [
     AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, num_warps=8, shear="chunk", chunk_tiles=3),
     AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, num_warps=8, shear="chunk", chunk_tiles=7),
     AttentionConfig(heads=1, block_q=64, block_n=32, num_splits=1, shear="chunk", chunk_tiles=3),
+    # the same two with every chunk masked (one copy of the tile loop)
+    AttentionConfig(
+        heads=1,
+        block_q=64,
+        block_n=64,
+        num_splits=1,
+        num_warps=8,
+        shear="chunk",
+        chunk_tiles=3,
+        unmasked_chunks=False,
+    ),
+    AttentionConfig(
+        heads=1, block_q=64, block_n=32, num_splits=1, shear="chunk", chunk_tiles=3, unmasked_chunks=False
+    ),
     AttentionConfig(
         heads=1, block_q=128, block_n=64, num_splits=1, num_warps=8, shear="chunk", chunk_tiles=3
     ),

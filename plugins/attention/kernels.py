@@ -181,6 +181,7 @@ def _attend_tile(
     FAR_TEST: tl.constexpr,
     u_base,  # U_WIDTH > 0: the distance of column 0 of this program's table U (see _fill_relative_table)
     U_WIDTH: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every (real query, key) of the tile is allowed (see the chunk loop)
 ):
     """One KV tile of the online softmax: returns the updated (m_i, l_i, acc)."""
     offs_d = tl.arange(0, D)
@@ -253,9 +254,10 @@ def _attend_tile(
             )
             s += bias * LOG2E
 
-    dist = pos[:, None] - offs_n[None, :]
-    allowed = row_ok[:, None] & kv_ok[None, :] & (dist >= 0) & (dist < window)
-    s = tl.where(allowed, s, float("-inf"))
+    if MASKED:
+        dist = pos[:, None] - offs_n[None, :]
+        allowed = row_ok[:, None] & kv_ok[None, :] & (dist >= 0) & (dist < window)
+        s = tl.where(allowed, s, float("-inf"))
 
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -322,6 +324,7 @@ def _attend_tiles(
     FAR_TEST: tl.constexpr,
     u_base,  # U_WIDTH > 0: the distance of column 0 of this program's table U (see _fill_relative_table)
     U_WIDTH: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every (real query, key) of the tile is allowed (see the chunk loop)
     INTERPRET: tl.constexpr,
 ):
     """KV tiles t_start .. t_end - 1 of the online softmax (_attend_tile): the updated (m_i, l_i, acc)."""
@@ -380,6 +383,7 @@ def _attend_tiles(
                 FAR_TEST,
                 u_base,
                 U_WIDTH,
+                MASKED,
             )
             t += 1
     else:
@@ -435,6 +439,7 @@ def _attend_tiles(
                 FAR_TEST,
                 u_base,
                 U_WIDTH,
+                MASKED,
             )
     return m_i, l_i, acc
 
@@ -526,6 +531,7 @@ def sheared_bias_attention_kernel(
     FAR_TEST: tl.constexpr,  # test each tile for distances all clipped at R - 1 (see AttentionConfig.far_test)
     U_WIDTH: tl.constexpr,  # > 0 (HEADS == 1): the relative term from a table per chunk of CHUNK tiles
     CHUNK: tl.constexpr,
+    UNMASKED_CHUNKS: tl.constexpr,  # U_WIDTH > 0: chunks wholly inside every query's allowed keys skip the mask
     INTERPRET: tl.constexpr,
 ):
     M: tl.constexpr = HEADS * BLOCK_Q
@@ -602,60 +608,34 @@ def sheared_bias_attention_kernel(
                 r, e_ptr, stride_eh, stride_er, head0, u_base, R, scratch_ptr,
                 DR, BLOCK_Q, BLOCK_N, U_WIDTH, DOT_PRECISION,
             )  # fmt: skip
-            m_i, l_i, acc = _attend_tiles(
-                c,
-                tl.minimum(c + CHUNK, my_hi),
-                q,
-                r,
-                r_last,
-                pos,
-                row_ok,
-                m_i,
-                l_i,
-                acc,
-                lo,
-                hi,
-                first_pos,
-                num_rows,
-                seq,
-                head0,
-                kv_head,
-                e_ptr,
-                k_cache_ptr,
-                v_cache_ptr,
-                block_table_ptr,
-                stride_eh,
-                stride_er,
-                stride_kb,
-                stride_ks,
-                stride_kh,
-                stride_vb,
-                stride_vs,
-                stride_vh,
-                stride_bt,
-                R,
-                window,
-                qk_scale,
-                D,
-                DR,
-                HEADS,
-                BLOCK_Q,
-                BLOCK_N,
-                BAND,
-                BAND_3D,
-                SINGLE_QUERY,
-                REL_DOT,
-                REL_GEMV,
-                PAGE,
-                DOT_PRECISION,
-                scratch_ptr,
-                SCRATCH,
-                RELATIVE,
-                FAR_TEST,
-                u_base,
-                U_WIDTH,
-                INTERPRET,
-            )
+            # A chunk whose every (real query, key) pair is allowed (its keys at or below the first query
+            # and within every query's window) skips the mask: all but the chunks at the diagonal and at
+            # a sliding window's lower edge.
+            c_end = tl.minimum(c + CHUNK, my_hi)
+            if UNMASKED_CHUNKS:
+                interior = (c * BLOCK_N >= tl.maximum(last_pos - window + 1, 0)) & (
+                    c_end * BLOCK_N - 1 <= first_pos
+                )
+            else:
+                interior = False  # every chunk masked: one copy of the tile loop
+            if interior:
+                m_i, l_i, acc = _attend_tiles(
+                    c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
+                    head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
+                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
+                    qk_scale, D, DR, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT, REL_GEMV,
+                    PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, RELATIVE, FAR_TEST, u_base, U_WIDTH, False,
+                    INTERPRET,
+                )  # fmt: skip
+            else:
+                m_i, l_i, acc = _attend_tiles(
+                    c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
+                    head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
+                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
+                    qk_scale, D, DR, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT, REL_GEMV,
+                    PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, RELATIVE, FAR_TEST, u_base, U_WIDTH, True,
+                    INTERPRET,
+                )  # fmt: skip
             c += CHUNK
     else:
         m_i, l_i, acc = _attend_tiles(
@@ -710,6 +690,7 @@ def sheared_bias_attention_kernel(
             FAR_TEST,
             0,
             0,
+            True,
             INTERPRET,
         )
 

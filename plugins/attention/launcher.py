@@ -37,6 +37,9 @@ class AttentionConfig:
     # (compiled for sm_90, the scratch form's loop had no cp.async at all).
     shear: str = "gather"
     chunk_tiles: int = 4
+    # shear="chunk": a chunk whose keys every query may see (all but those at the diagonal and at a
+    # sliding window's edge) runs a second copy of the tile loop without the causal/window mask.
+    unmasked_chunks: bool = True
     # Decode (one query): the relative term as a tensor-core dot whose E tile goes through the software
     # pipeline with K and V (True), or as a GEMV on the CUDA cores with E loaded into registers (False).
     rel_dot: bool = False
@@ -202,6 +205,7 @@ def kernel_constexprs(
         FAR_TEST=config.far_test,
         U_WIDTH=u_width,
         CHUNK=config.chunk_tiles,
+        UNMASKED_CHUNKS=config.unmasked_chunks,
         INTERPRET=interpreting(),
     )
 

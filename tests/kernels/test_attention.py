@@ -258,6 +258,19 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
             32,
             AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=3, shear="chunk", chunk_tiles=4),
         ),
+        (
+            CHUNKED + [(150, 150)],
+            32,
+            AttentionConfig(
+                heads=1,
+                block_q=32,
+                block_n=16,
+                num_splits=3,
+                shear="chunk",
+                chunk_tiles=4,
+                unmasked_chunks=False,
+            ),
+        ),
         # the GPU's prefill tile shape, 64x64, R clipped
         (
             [(200, 200), (9, 2)],
@@ -287,6 +300,7 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         "chunk-1",
         "chunk-3-split-clipped",
         "chunk-4-sliding-split",
+        "chunk-4-sliding-split-all-masked",
         "chunk-3-64x64-clipped",
     ],
 )
