@@ -41,8 +41,9 @@
 #     bash bench/gpu_session.sh s15-mtp     # 1 GPU: the pick inside the head graphs: CUDA-graph/MTP engine tests,
 #                                           #   bench.host, bench.mtp, the e2e MTP round (decode tiles tuned only)
 #     bash bench/gpu_session.sh s16-prefill # 1 GPU: the chunked relative table (shear="chunk"): attention GPU tests,
-#                                           #   bench/attention.py prefill 8K (its variants and the no-relative
-#                                           #   floor), then the e2e prefill profile (--profile_prefill)
+#                                           #   bench.sm90, bench/attention.py prefill 8K (its variants and the
+#                                           #   no-relative floor)
+#     bash bench/gpu_session.sh s16-e2e-prefill # 1 GPU: bench.e2e batch 1 with a profile of the 8K prefill
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
 #                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8, compiled
 #
@@ -325,10 +326,14 @@ s16-prefill)
     # loop has no barrier and is software-pipelined (bench.sm90: 0 cp.async in the scratch form's loop)
     run attn_test 240 "${PYTEST[@]}" tests/kernels/test_attention.py -k "gpu and (chunk or tile_variants or prefill)"
     run sm90 60 python3 -m bench.sm90 --out "$OUT/sm90"
-    run attn_bench 200 python3 bench/attention.py --only "prefill 8K" --budget-s 150 --out "$OUT/attn"
-    run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 64 \
-        --batches 1 --decode_budget_s 5 --profile_prefill --reference_peers "" --out "$OUT/e2e"
+    run attn_bench 220 python3 bench/attention.py --only "prefill 8K" --budget-s 180 --out "$OUT/attn"
     pack s16-prefill
+    ;;
+s16-e2e-prefill)
+    # the e2e with a profile of the 8K prefill (MoE tiles tuned for every bucket, as a user's build)
+    run e2e 500 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 64 \
+        --batches 1 --decode_budget_s 5 --profile_prefill --reference_peers "" --out "$OUT/e2e"
+    pack s16-e2e-prefill
     ;;
 s15-mtp)
     # Session 15: a drafting head pass replays one graph for the head and its draft pick (Drafter.head_and_pick)
