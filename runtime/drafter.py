@@ -104,6 +104,11 @@ class Drafter:
         self.draft_ids = None if vocab is None else torch.tensor(vocab, dtype=torch.long, device=self.device)
         self.draft_lm_head = lm_head if vocab is None else lm_head[self.draft_ids]
         self.num_draft_rows = runner.num_real_tokens if vocab is None else len(vocab)
+        # A round's drafts, on the device: work item i's draft d at i * draft_stride + d. The head passes'
+        # graphs read earlier drafts from here (input ids standing for unknown tokens) and write their picks
+        # here; the last element takes the picks of rows that do not draft (padding, non-drafting items).
+        self.draft_stride = max(runner.build.max_draft_len, 1)
+        self.drafted = torch.zeros(slots * self.draft_stride + 1, dtype=torch.long, device=self.device)
 
     @torch.no_grad()
     def run(self, work: list[HeadWork]) -> list[list[int]]:
@@ -121,9 +126,12 @@ class Drafter:
         there (an input id written on the device), and host inputs travel from pinned memory, so the
         host prepares head m+1 while head m runs and waits once per round, not once per head.
         """
-        num_drafts = [0] * len(work)  # drafts made so far, per work item (its row of `drafted`)
-        width = max([w.num_drafts for w in work] + [1])
-        drafted = torch.zeros(len(work), width, dtype=torch.long, device=self.device)
+        if len(work) * self.draft_stride >= self.drafted.shape[0]:
+            raise ValueError(
+                f"an MTP round of {len(work)} sequences, the engine drafts for at most "
+                f"{(self.drafted.shape[0] - 1) // self.draft_stride}"
+            )
+        num_drafts = [0] * len(work)  # drafts made so far, per work item
         fresh = [(w.fresh_start, w.fresh_rows) for w in work]  # level m-1: first position, rows
         for w in work:
             self._ring_write(0, w.seq.slot, w.fresh_start, w.fresh_rows)
@@ -141,42 +149,45 @@ class Drafter:
             if not items:
                 continue
             drafting = [j for j, (i, _, _) in enumerate(items) if m <= work[i].num_drafts]
-            args, cu, index = self._head_args(m, work, items, fresh, num_drafts, drafted, drafting)
-            if drafting:
-                last_rows = torch.from_numpy(cu[1:].astype(np.int64)[drafting] - 1)
-                out, picked = self._head_pass(m, args, last_rows)
-                drafted[index["drafters"], m - 1] = picked
-                for j in drafting:
-                    num_drafts[items[j][0]] += 1
-            else:
-                (out,) = self._head_pass(m, args)
+            args, cu = self._head_args(m, work, items, fresh, num_drafts, drafting)
+            out = self._head_pass(m, args, bool(drafting))
+            for j in drafting:
+                num_drafts[items[j][0]] += 1
             for j, (i, start, end) in enumerate(items):
                 rows_m = out[int(cu[j]) : int(cu[j + 1])]
                 fresh[i] = (start, rows_m)
                 if m < self.num_heads:
                     self._ring_write(m, work[i].seq.slot, start, rows_m)
                 work[i].seq.head_computed[m - 1] = end
-        rows = drafted.tolist() if any(num_drafts) else []  # the round's one wait for the device
-        return [rows[i][:n] if n else [] for i, n in enumerate(num_drafts)]
+        if not any(num_drafts):
+            return [[] for _ in work]
+        rows = (
+            self.drafted[: len(work) * self.draft_stride].view(len(work), -1).tolist()
+        )  # the round's one wait
+        return [rows[i][:n] for i, n in enumerate(num_drafts)]
 
-    def _head_pass(self, m: int, args: list, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """Head m over HeadProgram's `args`: its rows [T, H], and with `rows` (host indices of the rows to
-        pick from) the drafts. With CUDA graphs a drafting pass replays one graph for both
-        (runner.draft_graphs), so the pick costs the host no launches of its own."""
-        if rows is not None and self.runner.draft_graphs is not None:
-            return self.runner.draft_graphs([*args, rows], variant=m)
-        if self.runner.head_graphs is not None:
-            (out,) = self.runner.head_graphs(args, variant=m)
-        else:
-            out = self.runner.head(*[a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args])
-        return (out,) if rows is None else (out, self._pick(args[0], out, rows.to(self.device)))
+    def _head_pass(self, m: int, args: list, drafting: bool) -> torch.Tensor:
+        """Head m over `args` (`_head_args`): its rows [T, H]. A drafting pass also fills the ids that stand
+        for earlier drafts and writes its picks into `drafted` (`head_and_pick`), all in one CUDA graph
+        (runner.draft_graphs) where there are graphs: the host launches nothing else for it."""
+        graphs = self.runner.draft_graphs if drafting else self.runner.head_graphs
+        if graphs is not None:
+            return graphs(args, variant=m)[0]
+        args = [a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args]
+        return self.head_and_pick(*args) if drafting else self.runner.head(*args)
 
-    def head_and_pick(self, *args) -> tuple[torch.Tensor, torch.Tensor]:
-        """HeadProgram over its arguments, then the draft pick of the rows given by the last argument (what
-        runner.draft_graphs captures): (the head's rows [T, H], drafts [N])."""
-        *head_args, rows = args
+    def head_and_pick(self, *args) -> torch.Tensor:
+        """A drafting head pass (what runner.draft_graphs captures; arguments as HEAD_PICK_ARGS): the input
+        ids at rows with hole_src >= 0 are `drafted[hole_src]` (drafts of earlier heads), HeadProgram runs,
+        and the draft picked from each sequence's row pick_rows[b] goes to drafted[pick_dst[b]] (pick_dst
+        < 0: the buffer's last element, a sink). Returns the head's rows [T, H]."""
+        *head_args, pick_rows, pick_dst, hole_src, drafted = args
+        ids = head_args[2]
+        head_args[2] = torch.where(hole_src >= 0, drafted[hole_src.clamp(min=0)], ids)
         out = self.runner.head(*head_args)
-        return out, self._pick(head_args[0], out, rows)
+        picked = self._pick(head_args[0], out, pick_rows)
+        drafted[torch.where(pick_dst >= 0, pick_dst, drafted.shape[0] - 1)] = picked
+        return out
 
     def _pick(self, weights: dict, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The drafts of `out`'s rows `rows`: `inkling::mtp_draft` with the head's final norm, mapped
@@ -194,24 +205,23 @@ class Drafter:
         items: list[tuple[int, int, int]],
         fresh: list[tuple[int, torch.Tensor | None]],
         num_drafts: list[int],
-        drafted: torch.Tensor,
         drafting: list[int],
-    ) -> tuple[list, np.ndarray, dict[str, torch.Tensor]]:
-        """Head m's program arguments over `items` (work item, first position, end), with the ids that
-        read drafts filled from `drafted` on the device; its cu_seqlens (host) and the device index
-        vector of the pick (`drafters`: each drafting item's work item).
-        Ragged inputs stay on the host (the head graphs copy them in one transfer); the ids and index
-        vectors reach the device in one copy."""
-        bs = self.runner.block_size
+    ) -> tuple[list, np.ndarray]:
+        """Head m's arguments over `items` (work item, first position, end), and its cu_seqlens (host).
+        HeadProgram's arguments, the ragged ones on the host (the graphs send them in one copy), ids of
+        unknown tokens 0; for a drafting pass (`drafting`: the items that draft) then HEAD_PICK_ARGS' four:
+        each item's last row and where its draft goes in `drafted` (-1: it does not draft), each row's
+        draft to read in place of its id (-1: the id is known), and `drafted`."""
+        bs, stride = self.runner.block_size, self.draft_stride
         lens = np.array([end - start for _, start, end in items], dtype=np.int64)
         cu = np.zeros(len(items) + 1, dtype=np.int32)
         np.cumsum(lens, out=cu[1:])
         T = int(cu[-1])
         ids = np.zeros(T, dtype=np.int64)
+        hole_src = np.full(T, -1, dtype=np.int64)
         table = np.full((len(items), self.runner.build.max_blocks_per_seq), FREED, dtype=np.int32)
         slots = np.empty(T, dtype=np.int64)
         h_prev, mm_rows, mm_pos = [], [], []
-        holes: list[tuple[int, int, int]] = []  # ids read from `drafted`: (row, work item, draft)
         for j, (i, start, end) in enumerate(items):
             seq, lo = work[i].seq, int(cu[j])
             h_prev.extend(self._head_inputs(m - 1, seq.slot, start, end, *fresh[i]))
@@ -219,9 +229,9 @@ class Drafter:
             ids[lo : lo + len(known)] = known
             for r in range(len(known), end - start):
                 d = start + m + r - len(seq)  # the draft that position start + r reads
-                if d >= num_drafts[i]:
+                if d >= num_drafts[i] or not drafting:
                     raise RuntimeError(f"MTP head {m} reads draft {d} of a sequence that has {num_drafts[i]}")
-                holes.append((lo + r, i, d))
+                hole_src[lo + r] = i * stride + d
             for r, p in enumerate(seq.mm_positions):
                 if start + m <= p < end + m:
                     mm_rows.append(seq.mm_embeds[r : r + 1])
@@ -232,18 +242,10 @@ class Drafter:
             slots[lo : lo + end - start] = table[j, pos // bs].astype(np.int64) * bs + pos % bs
         mm_rows.append(self.runner.splice_row)
         mm_pos.append(T)
-        hole_rows, hole_items, hole_drafts = np.array(holes, dtype=np.int64).reshape(-1, 3).T
-        drafters = np.array([items[j][0] for j in drafting], dtype=np.int64)
-        dev = self._to_device_many(
-            ids=ids, hole_rows=hole_rows, hole_items=hole_items, hole_drafts=hole_drafts, drafters=drafters
-        )
-        input_ids = dev["ids"]
-        if holes:
-            input_ids[dev["hole_rows"]] = drafted[dev["hole_items"], dev["hole_drafts"]]
         args = [
             self.runner.head_weights[m - 1],
             h_prev[0] if len(h_prev) == 1 else torch.cat(h_prev),
-            input_ids,
+            torch.from_numpy(ids),
             mm_rows[0] if len(mm_rows) == 1 else torch.cat([r.to(self.device, self.dtype) for r in mm_rows]),
             torch.tensor(mm_pos),
             torch.from_numpy(cu),
@@ -256,16 +258,18 @@ class Drafter:
             self.runner.head_value_caches[m - 1],
             self.runner.head_conv_states[m - 1],
         ]
-        return args, cu, dev
-
-    def _to_device_many(self, **arrays: np.ndarray) -> dict[str, torch.Tensor]:
-        """Host int64 arrays on the device by one copy (from pinned memory on a GPU), by name."""
-        sizes = [a.size for a in arrays.values()]
-        host = torch.empty(sum(sizes), dtype=torch.long, pin_memory=self.device.type == "cuda")
-        if sizes:
-            np.concatenate(list(arrays.values()), out=host.numpy())
-        dev = host.to(self.device, non_blocking=True)
-        return dict(zip(arrays, dev.split(sizes)))
+        if drafting:
+            dst = np.full(len(items), -1, dtype=np.int64)
+            for j in drafting:
+                dst[j] = items[j][0] * stride + m - 1
+            pick_rows = cu[1:].astype(np.int64) - 1
+            args += [
+                torch.from_numpy(pick_rows),
+                torch.from_numpy(dst),
+                torch.from_numpy(hole_src),
+                self.drafted,
+            ]
+        return args, cu
 
     def _ring_write(self, level: int, slot: int, start: int, rows: torch.Tensor | None) -> None:
         """Keep the last HIDDEN_RING rows of h^level for positions start.. (older ones drop out)."""

@@ -147,8 +147,12 @@ HEAD_ARGS = RaggedArgs(
     cu=5, seq_lens=6, q_bound=10, mm_embeds=3, mm_positions=4, outputs=("T",),
 )  # fmt: skip
 # A drafting head pass with its draft pick in the same graph (runtime/drafter.py Drafter.head_and_pick):
-# HeadProgram's arguments, then the rows whose drafts are picked; it returns the head's rows and the drafts.
-HEAD_PICK_ARGS = dataclasses.replace(HEAD_ARGS, outputs=("T", "N"), logits=14)
+# HeadProgram's arguments, then per sequence the row to pick from and the pick's place in `drafted` (-1: a
+# sink), per token the draft to read in place of its id (-1: none), and `drafted` (the drafter's buffer,
+# read and written in place); it returns the head's rows.
+HEAD_PICK_ARGS = dataclasses.replace(
+    HEAD_ARGS, tokens={**HEAD_ARGS.tokens, 16: (0, -1)}, seqs={**HEAD_ARGS.seqs, 14: (0, 0), 15: (0, -1)}
+)
 
 
 def _pad(x: torch.Tensor, dim: int, size: int, value: float) -> torch.Tensor:
