@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--eager_pick",
         action="store_true",
-        help="launch the draft pick after the head pass's graph, not inside it (the runtime before "
-        "runner.draft_graphs; an A/B of the MTP round)",
+        help="fill a drafting head pass's draft ids and make its pick outside the head's graph, launched "
+        "apart (the runtime before runner.draft_graphs; an A/B of the MTP round)",
     )
     ap.add_argument(
         "--tune_max_tokens",

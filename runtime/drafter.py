@@ -169,12 +169,22 @@ class Drafter:
     def _head_pass(self, m: int, args: list, drafting: bool) -> torch.Tensor:
         """Head m over `args` (`_head_args`): its rows [T, H]. A drafting pass also fills the ids that stand
         for earlier drafts and writes its picks into `drafted` (`head_and_pick`), all in one CUDA graph
-        (runner.draft_graphs) where there are graphs: the host launches nothing else for it."""
-        graphs = self.runner.draft_graphs if drafting else self.runner.head_graphs
-        if graphs is not None:
-            return graphs(args, variant=m)[0]
-        args = [a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args]
-        return self.head_and_pick(*args) if drafting else self.runner.head(*args)
+        (runner.draft_graphs) where there are graphs: the host launches nothing else for it. Without
+        draft graphs (bench.e2e --eager_pick) the head's graph runs between the two, launched apart."""
+        if drafting and self.runner.draft_graphs is not None:
+            return self.runner.draft_graphs(args, variant=m)[0]
+        n = len(args) - 4 if drafting else len(args)  # HeadProgram's arguments
+        head_args = [a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args[:n]]
+        extra = [a.to(self.device) for a in args[n:]]
+        if drafting:
+            head_args[2] = self._fill_holes(head_args[2], extra[2], extra[3])
+        if self.runner.head_graphs is not None:
+            out = self.runner.head_graphs(head_args, variant=m)[0]
+        else:
+            out = self.runner.head(*head_args)
+        if drafting:
+            self._store_picks(head_args[0], out, extra[0], extra[1], extra[3])
+        return out
 
     def head_and_pick(self, *args) -> torch.Tensor:
         """A drafting head pass (what runner.draft_graphs captures; arguments as HEAD_PICK_ARGS): the input
@@ -182,12 +192,18 @@ class Drafter:
         and the draft picked from each sequence's row pick_rows[b] goes to drafted[pick_dst[b]] (pick_dst
         < 0: the buffer's last element, a sink). Returns the head's rows [T, H]."""
         *head_args, pick_rows, pick_dst, hole_src, drafted = args
-        ids = head_args[2]
-        head_args[2] = torch.where(hole_src >= 0, drafted[hole_src.clamp(min=0)], ids)
+        head_args[2] = self._fill_holes(head_args[2], hole_src, drafted)
         out = self.runner.head(*head_args)
-        picked = self._pick(head_args[0], out, pick_rows)
-        drafted[torch.where(pick_dst >= 0, pick_dst, drafted.shape[0] - 1)] = picked
+        self._store_picks(head_args[0], out, pick_rows, pick_dst, drafted)
         return out
+
+    @staticmethod
+    def _fill_holes(ids: torch.Tensor, hole_src: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
+        return torch.where(hole_src >= 0, drafted[hole_src.clamp(min=0)], ids)
+
+    def _store_picks(self, weights: dict, out, pick_rows, pick_dst, drafted: torch.Tensor) -> None:
+        picked = self._pick(weights, out, pick_rows)
+        drafted[torch.where(pick_dst >= 0, pick_dst, drafted.shape[0] - 1)] = picked
 
     def _pick(self, weights: dict, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The drafts of `out`'s rows `rows`: `inkling::mtp_draft` with the head's final norm, mapped

@@ -273,22 +273,30 @@ def test_padded_steps_equal_unpadded(engine_f32, unpadded):
 
 
 def test_padded_draft_picks_equal_unpadded(engine_f32, unpadded):
-    """The heads' own drafts, round by round: padded head passes with the pick inside the bucket
-    (runner.draft_graphs: the pick's rows padded, its drafts sliced back) draft what the unpadded runs do."""
+    """The heads' own drafts, round by round: padded head passes with the holes' ids and the pick inside
+    the bucket (runner.draft_graphs: pick rows and destinations padded to sinks, draft sources to -1) draft
+    what the unpadded runs do, and so does the head's bucket with the holes and the pick launched apart."""
     requests, base = unpadded
     runs = []
-    for kw in ({}, {"pad_eager": True}):
+    for kw, draft_graphs in (({}, True), ({"pad_eager": True}, True), ({"pad_eager": True}, False)):
         seen: list = []
 
         def record(rid, tokens, drafts, seen=seen):
             seen.append((rid, len(tokens), list(drafts)))
             return drafts
 
-        outs, eng = _run(engine_f32[0], requests, record, **kw)
-        runs.append((outs, seen))
-    assert runs[0] == runs[1] and runs[0][0] == base
+        eng = LLMEngine(engine_f32[0], **kw)
+        if not draft_graphs:  # bench.e2e --eager_pick: the head's bucket, the holes and the pick apart
+            eng.runner.draft_graphs = None
+        eng.draft_override = record
+        for rid, p, params in requests:
+            eng.add_request(rid, p, params)
+        runs.append((run_all(eng), seen))
+        if draft_graphs and kw:
+            assert eng.runner.draft_graphs.stats.graphed > 0 and eng.runner.head_graphs.stats.graphed > 0
+    assert runs[0] == runs[1] == runs[2] and runs[0][0] == base
     assert sum(len(d) for _, _, d in runs[0][1]) >= 20, runs[0][1]
-    assert eng.runner.draft_graphs.stats.graphed > 0 and eng.runner.head_graphs.stats.graphed > 0
+    assert eng.runner.head_graphs.stats.graphed > 0  # the eager-pick run's drafting passes used the head's
 
 
 def test_full_batch_of_ragged_drafts_pads_to_the_programs_extra_sequence(engine_f32, unpadded):
