@@ -40,6 +40,8 @@
 #     bash bench/gpu_session.sh s14-mtp     # 1 GPU: bench.mtp as s13-mtp, then the e2e MTP round (s13-e2e-mtp)
 #     bash bench/gpu_session.sh s15-mtp     # 1 GPU: the pick inside the head graphs: CUDA-graph/MTP engine tests,
 #                                           #   bench.host, bench.mtp, the e2e MTP round (decode tiles tuned only)
+#     bash bench/gpu_session.sh s16-mtp     # 1 GPU: the drafting graphs with holes and picks inside: MTP/CUDA-graph
+#                                           #   engine tests, bench.host, the e2e MTP round with and without them
 #     bash bench/gpu_session.sh s16-prefill # 1 GPU: the chunked relative table (shear="chunk"): attention GPU tests,
 #                                           #   bench.sm90, bench/attention.py prefill 8K (its variants and the
 #                                           #   no-relative floor)
@@ -320,6 +322,22 @@ s14-mtp)
         --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --output_len 128 --batches 1 \
         --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e-mtp"
     pack s14-mtp
+    ;;
+s16-mtp)
+    # Session 15 (for the next): a drafting pass's graph fills its draft ids and stores its picks (e57b9eb):
+    # the engine's GPU tests on it, the host's work, then the e2e MTP round with the draft graphs and with
+    # the pick launched apart (--eager_pick), one after the other on one machine
+    run engine_test 280 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "mtp or (graphs and bfloat16)"
+    tiny_engine /tmp/engine-cuda >"$OUT/tiny_build.log" 2>&1
+    run host 60 python3 -m bench.host --engine /tmp/engine-cuda --batch 1 8 --drafts 0 3 --out "$OUT/host"
+    for pick in graph eager; do
+        flag=()
+        [ "$pick" = eager ] && flag=(--eager_pick)
+        run "e2e_mtp_$pick" 110 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile \
+            --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --output_len 128 --batches 1 \
+            --tune_max_tokens 4 --decode_budget_s 10 --reference_peers "" "${flag[@]}" --out "$OUT/e2e-mtp-$pick"
+    done
+    pack s16-mtp
     ;;
 s16-prefill)
     # Session 15 (for the next): prefill attention with the relative term per chunk of tiles, so the tile
