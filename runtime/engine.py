@@ -416,6 +416,7 @@ class LLMEngine:
                     self.requests.pop(seq.request_id, None)
                     self.scheduler.finish(seq, delta.finish_reason)
             offset += s.num_tokens
+        self.runner.flush_rollbacks()  # the rejected drafts' sconv rollbacks, all sequences' at once
         if heads:
             self._draft(heads)
         return deltas
@@ -476,10 +477,10 @@ class LLMEngine:
             logprobs = logprobs[: len(emitted)]
         if finish is None and k:
             back = seq.num_computed - (len(seq) - 1)  # rejected drafts fed this step
-            self.runner.rollback(seq.slot, back)
+            self.runner.rollback(seq.slot, back, defer=True)  # applied with the step's others (_complete)
             seq.num_computed -= back
             self.blocks.truncate(seq.blocks, len(seq))
-            self._settle_heads(seq)
+            self._settle_heads(seq, defer=True)
         self.stats["generated_tokens"] += len(emitted)
         now = time.perf_counter()
         if state.first_token_time is None:
@@ -496,7 +497,7 @@ class LLMEngine:
         return delta
 
     # MTP drafting.
-    def _settle_heads(self, seq: Sequence) -> None:
+    def _settle_heads(self, seq: Sequence, defer: bool = False) -> None:
         """After verification: roll each head back to its states whose inputs are all real tokens.
 
         The heads' last round stood on drafts head_drafts from token index drafts_from on; those that
@@ -513,7 +514,7 @@ class LLMEngine:
             valid = min(seq.head_computed[m - 1], seq.drafts_from + right - m)
             counts.append(seq.head_computed[m - 1] - valid)
             seq.head_computed[m - 1] = valid
-        self.runner.rollback_heads(seq.slot, counts)
+        self.runner.rollback_heads(seq.slot, counts, defer=defer)
         seq.head_drafts, seq.drafts_from = [], None
 
     def _draft(self, heads: list[tuple[Sequence, torch.Tensor, int, int]]) -> None:

@@ -114,6 +114,10 @@ class ModelRunner(EngineRunner):
         ]
         self.num_real_tokens = self.engine_vocab()
         self._shift_cache: dict[tuple[int, int, int], tuple[list, list]] = {}  # see _shift_views
+        # Rollbacks not yet applied (rollback(defer=True)): sconv rows to shift, and the (head, slot) pairs
+        # they are of. Every method that reads or writes sconv states applies them first.
+        self._pending_shifts: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        self._pending_keys: set[tuple[int, int]] = set()
         self.last_hidden: torch.Tensor | None = None  # a worker's last step hidden states (see execute)
         # The media splice's dummy row of every step and head pass (no program writes it).
         self.splice_row = torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=self.device)
@@ -247,6 +251,7 @@ class ModelRunner(EngineRunner):
         return logits, hidden
 
     def _execute(self, inputs: StepInputs, graphed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        self._apply_shifts()  # deferred rollbacks, before the step reads the states
         if graphed and self.step_graphs is not None:
             fields = [getattr(inputs, f.name) for f in dataclasses.fields(inputs)]
             args = [self.weights, *fields, self.key_caches, self.value_caches, self.conv_states]
@@ -314,6 +319,7 @@ class ModelRunner(EngineRunner):
     # Sconv states.
     def reset_slot(self, slot: int) -> None:
         self._mirror("reset_slot", slot)
+        self._apply_shifts()
         for t in self.conv_states:
             t[slot].zero_()
         for states in self.head_conv_states:
@@ -326,38 +332,64 @@ class ModelRunner(EngineRunner):
         if end < self.K1:
             raise ValueError(f"sconv history holds {self.state_rows} rows, cannot go {back} back")
         self._mirror("save_snapshot", slot, snapshot, back)
+        self._apply_shifts()
         for state, snap in zip(self.conv_states, self.snapshots):
             snap[snapshot] = state[slot, end - self.K1 : end]
 
     def restore_snapshot(self, slot: int, snapshot: int) -> None:
         self._mirror("restore_snapshot", slot, snapshot)
+        self._apply_shifts()
         for state, snap in zip(self.conv_states, self.snapshots):
             state[slot].zero_()
             state[slot, self.state_rows - self.K1 :] = snap[snapshot]
 
-    def rollback(self, slot: int, n: int) -> None:
-        """Forget the last n sconv inputs of a sequence's main model (docs/interfaces.md "Sconv state")."""
+    def rollback(self, slot: int, n: int, defer: bool = False) -> None:
+        """Forget the last n sconv inputs of a sequence's main model (docs/interfaces.md "Sconv state").
+        defer: apply it with the other deferred rollbacks (`flush_rollbacks`, or before the states are next
+        used), so that a step's rollbacks cost two multi-tensor launches in all, not two a sequence."""
         if not 0 <= n <= self.build.max_draft_len:
             raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {n}")
         if n:
-            self._mirror("rollback", slot, n)
-            _shift_rows(*self._shift_views(0, slot, n))
+            self._mirror("rollback", slot, n, defer)
+            self._shift([(0, slot)], *self._shift_views(0, slot, n), defer)
 
-    def rollback_heads(self, slot: int, counts: list[int]) -> None:
+    def rollback_heads(self, slot: int, counts: list[int], defer: bool = False) -> None:
         """Forget the last counts[m-1] sconv inputs of MTP head m of a sequence, every head in one go."""
         if any(not 0 <= n <= self.build.max_draft_len for n in counts):
             raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {counts}")
         if any(counts):
-            self._mirror("rollback_heads", slot, counts)
+            self._mirror("rollback_heads", slot, counts, defer)
         if not self.num_heads:
             return
-        srcs, dsts = [], []
+        keys, srcs, dsts = [], [], []
         for m, n in enumerate(counts, 1):
             if n:
                 src, dst = self._shift_views(m, slot, n)
+                keys.append((m, slot))
                 srcs += src
                 dsts += dst
-        _shift_rows(srcs, dsts)
+        self._shift(keys, srcs, dsts, defer)
+
+    def _shift(self, keys: list, srcs: list[torch.Tensor], dsts: list[torch.Tensor], defer: bool) -> None:
+        if self._pending_keys.intersection(keys):  # rows already shifting: the second shift reads the first's
+            self._apply_shifts()
+        self._pending_shifts[0].extend(srcs)
+        self._pending_shifts[1].extend(dsts)
+        self._pending_keys.update(keys)
+        if not defer:
+            self._apply_shifts()
+
+    def flush_rollbacks(self) -> None:
+        """Apply the deferred rollbacks (on every rank)."""
+        if self._pending_keys:
+            self._mirror("flush_rollbacks")
+            self._apply_shifts()
+
+    def _apply_shifts(self) -> None:
+        srcs, dsts = self._pending_shifts
+        if srcs:
+            _shift_rows(srcs, dsts)
+        self._pending_shifts, self._pending_keys = ([], []), set()
 
     def _shift_views(self, head: int, slot: int, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The rows state[slot, :-n] and state[slot, n:] of every sconv state of the main model (head 0)
@@ -404,6 +436,7 @@ class ModelRunner(EngineRunner):
         parallelism every rank runs the round on its share of the heads (`run_heads_remote`)."""
         if self.workers is not None:
             self.workers.call("run_heads_remote", [w.remote() for w in work])
+        self._apply_shifts()
         return self.drafter.run(work)
 
     def run_heads_remote(self, work: list[HeadWork]) -> None:
@@ -412,6 +445,7 @@ class ModelRunner(EngineRunner):
         on the same rows), so none is sent back."""
         if not self.num_heads:
             return
+        self._apply_shifts()
         for w in work:
             w.fresh_rows = self.last_hidden[w.fresh_offset : w.fresh_offset + w.computed - w.fresh_start]
         self.drafter.run(work)
