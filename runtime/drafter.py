@@ -161,9 +161,8 @@ class Drafter:
                 work[i].seq.head_computed[m - 1] = end
         if not any(num_drafts):
             return [[] for _ in work]
-        rows = (
-            self.drafted[: len(work) * self.draft_stride].view(len(work), -1).tolist()
-        )  # the round's one wait
+        drafts = self.drafted[: len(work) * self.draft_stride].view(len(work), -1)
+        rows = drafts.tolist()  # the round's one wait for the device
         return [rows[i][:n] for i, n in enumerate(num_drafts)]
 
     def _head_pass(self, m: int, args: list, drafting: bool) -> torch.Tensor:
@@ -173,17 +172,17 @@ class Drafter:
         draft graphs (bench.e2e --eager_pick) the head's graph runs between the two, launched apart."""
         if drafting and self.runner.draft_graphs is not None:
             return self.runner.draft_graphs(args, variant=m)[0]
-        n = len(args) - 4 if drafting else len(args)  # HeadProgram's arguments
+        n = len(args) - 4 if drafting else len(args)  # HeadProgram's arguments, then HEAD_PICK_ARGS' four
         head_args = [a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args[:n]]
-        extra = [a.to(self.device) for a in args[n:]]
         if drafting:
-            head_args[2] = self._fill_holes(head_args[2], extra[2], extra[3])
+            pick_rows, pick_dst, hole_src, drafted = (a.to(self.device) for a in args[n:])
+            head_args[2] = self._fill_holes(head_args[2], hole_src, drafted)
         if self.runner.head_graphs is not None:
             out = self.runner.head_graphs(head_args, variant=m)[0]
         else:
             out = self.runner.head(*head_args)
         if drafting:
-            self._store_picks(head_args[0], out, extra[0], extra[1], extra[3])
+            self._store_picks(head_args[0], out, pick_rows, pick_dst, drafted)
         return out
 
     def head_and_pick(self, *args) -> torch.Tensor:
