@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .block_manager import FREED
+from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
 from .sequence import Sequence
 
 if TYPE_CHECKING:
@@ -229,8 +230,7 @@ class Drafter:
         draft to read in place of its id (-1: the id is known), and `drafted`."""
         bs, stride = self.runner.block_size, self.draft_stride
         lens = np.array([end - start for _, start, end in items], dtype=np.int64)
-        cu = np.zeros(len(items) + 1, dtype=np.int32)
-        np.cumsum(lens, out=cu[1:])
+        cu = cu_seqlens(lens)
         T = int(cu[-1])
         ids = np.zeros(T, dtype=np.int64)
         hole_src = np.full(T, -1, dtype=np.int64)
@@ -247,22 +247,17 @@ class Drafter:
                 if d >= num_drafts[i] or not drafting:
                     raise RuntimeError(f"MTP head {m} reads draft {d} of a sequence that has {num_drafts[i]}")
                 hole_src[lo + r] = i * stride + d
-            for r, p in enumerate(seq.mm_positions):
-                if start + m <= p < end + m:
-                    mm_rows.append(seq.mm_embeds[r : r + 1])
-                    mm_pos.append(lo + p - start - m)
+            add_media(seq, start + m, end + m, lo, mm_rows, mm_pos)  # head m at t reads token t + m
             blocks = seq.blocks.tables[0]
             table[j, : len(blocks)] = blocks
-            pos = np.arange(start, end)
-            slots[lo : lo + end - start] = table[j, pos // bs].astype(np.int64) * bs + pos % bs
-        mm_rows.append(self.runner.splice_row)
-        mm_pos.append(T)
+            slots[lo : lo + end - start] = slot_mapping(table[j], np.arange(start, end), bs)
+        mm_embeds, mm_positions = media_splice(mm_rows, mm_pos, self.runner.splice_row, T)
         args = [
             self.runner.head_weights[m - 1],
             h_prev[0] if len(h_prev) == 1 else torch.cat(h_prev),
             torch.from_numpy(ids),
-            mm_rows[0] if len(mm_rows) == 1 else torch.cat([r.to(self.device, self.dtype) for r in mm_rows]),
-            torch.tensor(mm_pos),
+            mm_embeds,
+            mm_positions,
             torch.from_numpy(cu),
             torch.tensor([end for _, _, end in items], dtype=torch.int32),
             torch.from_numpy(table),

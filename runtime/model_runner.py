@@ -26,6 +26,7 @@ from inkling.processing import image_patches
 from .block_manager import FREED
 from .distributed import Workers
 from .drafter import Drafter, HeadWork
+from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .step_graphs import (
@@ -275,8 +276,7 @@ class ModelRunner(EngineRunner):
         tensors built with NumPy, but media embeddings and input_ids stay where they are)."""
         bs, G, B = self.block_size, self.num_groups, len(batch)
         q_lens = np.array([s.num_tokens for s in batch], dtype=np.int64)
-        cu = np.zeros(B + 1, dtype=np.int32)
-        np.cumsum(q_lens, out=cu[1:])
+        cu = cu_seqlens(q_lens)
         T = int(cu[-1])
         tables = np.full((G, B, self.build.max_blocks_per_seq), FREED, dtype=np.int32)
         slots = np.full((G, T), -1, dtype=np.int64)
@@ -288,25 +288,19 @@ class ModelRunner(EngineRunner):
             for g, table in enumerate(seq.blocks.tables):
                 row = tables[g, b, : len(table)]
                 row[:] = table
-                slots[g, lo:hi] = row[pos // bs].astype(np.int64) * bs + pos % bs
+                slots[g, lo:hi] = slot_mapping(row, pos, bs)
             if input_ids is None:
                 ids[lo:hi] = fed_tokens(seq, seq.drafts[: s.num_drafts], s.start, s.num_tokens)
-            for r, p in enumerate(seq.mm_positions):
-                if s.start <= p < s.start + s.num_tokens:
-                    mm_rows.append(seq.mm_embeds[r : r + 1])
-                    mm_pos.append(lo + p - s.start)
-        mm_rows.append(self.splice_row)
-        mm_pos.append(T)
+            add_media(seq, s.start, s.start + s.num_tokens, lo, mm_rows, mm_pos)
+        mm_embeds, mm_positions = media_splice(mm_rows, mm_pos, self.splice_row, T)
         # Each sequence's last 1 + num_drafts rows.
         logits_idx = np.concatenate(
             [np.arange(int(c) - 1 - s.num_drafts, int(c)) for c, s in zip(cu[1:], batch)]
         )
-        if len(mm_rows) > 1:
-            mm_rows = [torch.cat([r.to(self.device, self.dtype) for r in mm_rows])]
         return StepInputs(
             input_ids=torch.from_numpy(ids) if input_ids is None else input_ids,
-            mm_embeds=mm_rows[0],
-            mm_positions=torch.tensor(mm_pos),
+            mm_embeds=mm_embeds,
+            mm_positions=mm_positions,
             cu_seqlens_q=torch.from_numpy(cu),
             seq_lens=torch.tensor([s.start + s.num_tokens for s in batch], dtype=torch.int32),
             block_tables=torch.from_numpy(tables),
@@ -386,9 +380,12 @@ class ModelRunner(EngineRunner):
             self._apply_shifts()
 
     def _apply_shifts(self) -> None:
+        """dst = src for every pending pair of overlapping rows: two multi-tensor (foreach) operations, each
+        one fused launch on the GPU, not two launches a state."""
+        if not self._pending_keys:
+            return
         srcs, dsts = self._pending_shifts
-        if srcs:
-            _shift_rows(srcs, dsts)
+        torch._foreach_copy_(dsts, torch._foreach_add(srcs, 0))  # through copies: the rows overlap
         self._pending_shifts, self._pending_keys = ([], []), set()
 
     def _shift_views(self, head: int, slot: int, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -449,10 +446,3 @@ class ModelRunner(EngineRunner):
         for w in work:
             w.fresh_rows = self.last_hidden[w.fresh_offset : w.fresh_offset + w.computed - w.fresh_start]
         self.drafter.run(work)
-
-
-def _shift_rows(srcs: list[torch.Tensor], dsts: list[torch.Tensor]) -> None:
-    """dst = src for every pair of overlapping rows of one state: two multi-tensor (foreach) operations,
-    each one fused launch on the GPU, not two launches per state."""
-    if srcs:
-        torch._foreach_copy_(dsts, torch._foreach_add(srcs, 0))  # through copies: the rows overlap

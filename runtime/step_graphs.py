@@ -28,8 +28,9 @@ What the graph holds: the whole exported program (embedding, every layer's ops, 
 rows). Every op is sync-free with shapes taken from the bucket: attention picks tiles and split-KV
 splits from (B_g, T_g, block-table width) on the host and each split walks its share of the device-side
 seq_len; the MoE sizes its routing buffers from a static bound. What stays outside: building the
-inputs on the host, the copy into the static buffers, sampling, rollback, and between MTP heads the
-`inkling::mtp_draft` pick (its tokens stay on the device as the next head's input ids).
+inputs on the host, the copy into the static buffers, sampling and rollback. A drafting MTP head pass's
+graph (HEAD_PICK_ARGS) also holds its `inkling::mtp_draft` pick, which reads and writes the drafter's
+device buffer of drafts.
 
 `pad_eager` (tests): no graphs, but the same buckets, padding and static buffers, run eagerly, so the
 padding is testable on the CPU.
