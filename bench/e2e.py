@@ -36,6 +36,7 @@ from inkling.synth import iter_synthetic_tensors, synth_config
 from runtime import LLM, PromptInput, SamplingParams
 
 from .bound import decode_step_bytes, prefill_flops
+from .profiling import write_profile
 
 
 def tier_texts() -> dict[str, str]:
@@ -315,26 +316,6 @@ def profile_steps(step, args: argparse.Namespace, count: int = 4) -> None:
     """A torch.profiler table of `count` decode steps, by device time and by host time, into --out."""
     path = os.path.join(args.out, f"profile_batch{args.profile_batch}.txt")
     write_profile(step, count, path, f"decode steps at batch {args.profile_batch}", args.device)
-
-
-def write_profile(fn, count: int, path: str, what: str, device: str) -> None:
-    """A torch.profiler table of `count` calls of fn (device time on the GPU, then host time) into path."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = device == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        for _ in range(count):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
-    table = prof.key_averages()
-    key = "cuda_time_total" if cuda else "cpu_time_total"
-    with open(path, "w") as f:
-        f.write(f"{count} {what}, by {key}\n")
-        f.write(table.table(sort_by=key, row_limit=40) + "\n\nby self_cpu_time_total\n")
-        f.write(table.table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
-    print(f"[bench] profile written to {path}", flush=True)
 
 
 def measure_engine(args: argparse.Namespace, config, results: dict, save) -> None:

@@ -37,6 +37,7 @@ from runtime.scheduler import ScheduledSeq
 from runtime.step_graphs import HEAD_ARGS, STEP_ARGS, StepGraphs, batch_buckets, q_buckets, token_buckets
 
 from .bound import BF16, decode_step_bytes
+from .profiling import write_profile
 
 DRAFTS = (0, 1, 3, 8)
 
@@ -101,24 +102,6 @@ def replay_only(graphs: StepGraphs, args: list):
     bucket = graphs.bucket(args)
     entry = graphs.buckets.get((None, *bucket)) if bucket is not None else None
     return None if entry is None or entry.graph is None else entry.graph.replay
-
-
-def profile(fn, path: str, what: str, device: str, count: int = 5) -> None:
-    """A torch.profiler table of `count` calls of fn, by device time (host time on the CPU)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    cuda = device == "cuda"
-    with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        for _ in range(count):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
-    key = "cuda_time_total" if cuda else "cpu_time_total"
-    with open(path, "w") as f:
-        f.write(f"{count} calls of the {what}, by {key}\n")
-        f.write(prof.key_averages().table(sort_by=key, row_limit=40) + "\n")
-    print(f"[bench.mtp] profile of the {what} written to {path}", flush=True)
 
 
 def acceptance_model(mean_at_8: float = 4.5) -> float:
@@ -273,13 +256,14 @@ def main(argv: list[str] | None = None) -> int:
             out["head"]["replay_only_seconds"] = median_time(replay, args.repeats, args.device)
     if args.profile:
         replay_head = (lambda: head_graphs(list(one))) if head_graphs is not None else (lambda: head.fn(*one))
-        profile(
-            replay_head, os.path.join(args.out, "profile_head.txt"), "head pass, one position", args.device
-        )
+        write_profile(
+            replay_head, 5, os.path.join(args.out, "profile_head.txt"), "calls of the head pass, one position",
+            args.device,
+        )  # fmt: skip
         if step_graphs is not None and 3 in recorded:
-            profile(
-                lambda: step_graphs(recorded[3]), os.path.join(args.out, "profile_verify3.txt"),
-                "main step with 4 tokens (k=3)", args.device,
+            write_profile(
+                lambda: step_graphs(recorded[3]), 5, os.path.join(args.out, "profile_verify3.txt"),
+                "calls of the main step with 4 tokens (k=3)", args.device,
             )  # fmt: skip
     rows = torch.zeros(1, config.hidden_size, dtype=runner.dtype, device=args.device)
 
