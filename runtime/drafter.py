@@ -19,6 +19,7 @@ import torch
 from .block_manager import FREED
 from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
 from .sequence import Sequence
+from .step_graphs import to_device
 
 if TYPE_CHECKING:
     from .model_runner import ModelRunner
@@ -174,14 +175,14 @@ class Drafter:
         if drafting and self.runner.draft_graphs is not None:
             return self.runner.draft_graphs(args, variant=m)[0]
         n = len(args) - 4 if drafting else len(args)  # HeadProgram's arguments, then HEAD_PICK_ARGS' four
-        head_args = [a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args[:n]]
+        graphs = self.runner.head_graphs
+        # The graphs stage the ragged arguments from the host themselves (cu_seqlens and seq_lens must stay
+        # there); the program without graphs takes them on the device.
+        head_args = list(args[:n]) if graphs is not None else [to_device(a, self.device) for a in args[:n]]
         if drafting:
             pick_rows, pick_dst, hole_src, drafted = (a.to(self.device) for a in args[n:])
-            head_args[2] = self._fill_holes(head_args[2], hole_src, drafted)
-        if self.runner.head_graphs is not None:
-            out = self.runner.head_graphs(head_args, variant=m)[0]
-        else:
-            out = self.runner.head(*head_args)
+            head_args[2] = self._fill_holes(head_args[2].to(self.device), hole_src, drafted)
+        out = graphs(head_args, variant=m)[0] if graphs is not None else self.runner.head(*head_args)
         if drafting:
             self._store_picks(head_args[0], out, pick_rows, pick_dst, drafted)
         return out
