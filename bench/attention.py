@@ -63,42 +63,37 @@ WORKLOADS = [
     ("prefill 32K sliding", 1, 32768, 32768, W),
 ]
 PREFILL_VARIANTS = [
-    # the default is scratch 64x64; other scratch tiles, and the old default (gather, 32x32)
+    # the default is the relative table per chunk of 3 tiles, 64x64, 4 warps (session 16); the previous
+    # default (the band sheared through a scratch per tile), and the chunk form's other settings
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="scratch"),
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="scratch", table_dtype="bfloat16"),
+    # a bf16 table: half the bytes written and read per chunk (the term rounded to bf16)
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", table_dtype="bfloat16"),
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, num_stages=3, shear="chunk"),
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", chunk_tiles=7),
     AttentionConfig(
-        heads=1, block_q=128, block_n=64, num_splits=1, num_warps=8, num_stages=2, shear="scratch"
+        heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", chunk_tiles=7, table_dtype="bfloat16"
     ),
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", unmasked_chunks=False),
     AttentionConfig(
-        heads=1, block_q=64, block_n=32, num_splits=1, num_warps=4, num_stages=3, shear="scratch"
+        heads=1, block_q=64, block_n=128, num_splits=1, num_warps=8, shear="chunk", chunk_tiles=2
     ),
+    # the kernel's floor without the relative term (NOT the op's math; reported apart): the default's
+    # tiles, and the larger tiles a kernel without the term could take
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="scratch", relative=False),
     AttentionConfig(
-        heads=1, block_q=32, block_n=32, num_splits=1, num_warps=2, num_stages=3, shear="scratch"
+        heads=1, block_q=128, block_n=64, num_splits=1, num_warps=8, shear="scratch", relative=False
     ),
-    AttentionConfig(heads=1, block_q=32, block_n=32, num_splits=1, num_warps=2, num_stages=3),
-    # the relative table per chunk of tiles (shear="chunk": no barrier in the tile loop, which is then
-    # software-pipelined; sm_90 compiles on the CPU had 0 cp.async in the scratch form's loop, 96 here)
-    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", chunk_tiles=3),
-    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, num_warps=8, shear="chunk", chunk_tiles=3),
-    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, num_warps=8, shear="chunk", chunk_tiles=7),
-    AttentionConfig(heads=1, block_q=64, block_n=32, num_splits=1, shear="chunk", chunk_tiles=3),
-    # the same two with every chunk masked (one copy of the tile loop)
     AttentionConfig(
         heads=1,
-        block_q=64,
-        block_n=64,
+        block_q=128,
+        block_n=128,
         num_splits=1,
         num_warps=8,
-        shear="chunk",
-        chunk_tiles=3,
-        unmasked_chunks=False,
-    ),
-    AttentionConfig(
-        heads=1, block_q=64, block_n=32, num_splits=1, shear="chunk", chunk_tiles=3, unmasked_chunks=False
-    ),
-    AttentionConfig(
-        heads=1, block_q=128, block_n=64, num_splits=1, num_warps=8, shear="chunk", chunk_tiles=3
-    ),
-    # the kernel's floor: the default tiles without the relative term (NOT the op's math; reported apart)
-    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="scratch", relative=False),
+        num_stages=3,
+        shear="scratch",
+        relative=False,
+    ),  # fmt: skip
 ]
 
 

@@ -32,14 +32,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from plugins.attention import kernels
-from plugins.attention.launcher import AttentionConfig, choose_config, kernel_constexprs
+from plugins.attention.launcher import AttentionConfig, choose_config, kernel_constexprs, table_dtype
 
 # inkling-bench's attention (bench/attention.py): Hq 64, Hkv 8, D 128, Dr 32, R 8192, 16-token pages
 HQ, HKV, D, DR, R, PAGE = 64, 8, 128, 32, 8192, 16
 POINTERS = {
     "q_ptr": "*bf16", "r_ptr": "*bf16", "e_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
     "block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
-    "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "scratch_ptr": "*fp32",
+    "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32",
 }  # fmt: skip
 PTX_COUNTS = {
     "cp.async": r"cp\.async\.c[ag]\.",
@@ -69,7 +69,10 @@ def compile_attention(config: AttentionConfig, seq: int):
     constexprs["INTERPRET"] = False
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
-        if name in POINTERS:
+        if name == "scratch_ptr":
+            signature[name] = "*bf16" if table_dtype(config) == torch.bfloat16 else "*fp32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in POINTERS:
             signature[name] = POINTERS[name]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in ints:

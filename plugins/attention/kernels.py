@@ -44,7 +44,7 @@ def _relative_band(
     SINGLE_QUERY: tl.constexpr,
     REL_GEMV: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    scratch_ptr,  # this program's float32 [BLOCK_Q, BAND] scratch (SCRATCH only)
+    scratch_ptr,  # this program's [BLOCK_Q, BAND] scratch, float32 or bfloat16 (SCRATCH only)
     SCRATCH: tl.constexpr,
 ):
     """The sheared relative term of one tile: [M, BLOCK_N] float32."""
@@ -112,9 +112,9 @@ def _relative_band(
         e_band = tl.load(e_ptr + head0 * stride_eh + dist[:, None] * stride_er + offs_dr[None, :])
         band = tl.dot(r, tl.trans(e_band.to(r.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_Q, BAND]
         tl.debug_barrier()  # the previous tile's reads are done before the band is overwritten
-        tl.store(scratch_ptr + a[:, None] * BAND + c[None, :], band)
+        tl.store(scratch_ptr + a[:, None] * BAND + c[None, :], band.to(scratch_ptr.dtype.element_ty))
         tl.debug_barrier()  # the whole band is written before any thread reads it
-        return tl.load(scratch_ptr + a[:, None] * BAND + col)
+        return tl.load(scratch_ptr + a[:, None] * BAND + col).to(tl.float32)
     else:
         # Every head's band side by side ([HEADS * BAND] columns); a row gathers from its head's.
         n = tl.arange(0, HEADS * BAND)
@@ -203,7 +203,7 @@ def _attend_tile(
         a = tl.arange(0, BLOCK_Q)
         b = tl.arange(0, BLOCK_N)
         col = (first_pos - j0 - u_base) + a[:, None] - b[None, :]
-        s += tl.load(scratch_ptr + a[:, None] * U_WIDTH + col) * LOG2E
+        s += tl.load(scratch_ptr + a[:, None] * U_WIDTH + col).to(tl.float32) * LOG2E
     elif SINGLE_QUERY and REL_DOT:
         # Decode: key b is at distance first_pos - b from the query, and no shear is needed. The term is
         # one dot on the tensor cores: r here is the block-diagonal [M, HEADS * DR] operand the kernel
@@ -473,7 +473,7 @@ def _fill_relative_table(
             e_ptr + head0 * stride_eh + dist[:, None] * stride_er + offs_dr[None, :]
         )  # [PIECE, DR]
         part = tl.dot(r, tl.trans(e_rows.to(r.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_Q, PIECE]
-        tl.store(scratch_ptr + a[:, None] * U_WIDTH + u[None, :], part)
+        tl.store(scratch_ptr + a[:, None] * U_WIDTH + u[None, :], part.to(scratch_ptr.dtype.element_ty))
     tl.debug_barrier()  # U is whole before any thread reads it
 
 
@@ -490,7 +490,8 @@ def sheared_bias_attention_kernel(
     out_ptr,  # [T, Hq, D]
     o_part_ptr,  # float32 [num_splits, T, Hq, D] (split mode only)
     lse_part_ptr,  # float32 [num_splits, T, Hq], log2 domain (split mode only)
-    scratch_ptr,  # float32 [programs, BLOCK_Q, BAND] (SCRATCH) or [programs, BLOCK_Q, U_WIDTH] (U_WIDTH > 0)
+    scratch_ptr,  # [programs, BLOCK_Q, BAND] (SCRATCH) or [programs, BLOCK_Q, U_WIDTH] (U_WIDTH > 0);
+    # float32, or bfloat16 (AttentionConfig.table_dtype)
     stride_qt,
     stride_qh,
     stride_rt,

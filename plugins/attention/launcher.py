@@ -36,10 +36,14 @@ class AttentionConfig:
     # reads sheared by plain loads, so the tile loop has no barrier and Triton pipelines its K/V loads
     # (compiled for sm_90, the scratch form's loop had no cp.async at all).
     shear: str = "gather"
-    chunk_tiles: int = 4
+    chunk_tiles: int = 3
     # shear="chunk": a chunk whose keys every query may see (all but those at the diagonal and at a
     # sliding window's edge) runs a second copy of the tile loop without the causal/window mask.
     unmasked_chunks: bool = True
+    # The scratch's or table's element type (shear "scratch" or "chunk"): "float32", or "bfloat16", which
+    # halves its bytes (the term is rounded to bf16 before it joins the float32 logits). choose_config
+    # gives float32 engines a float32 table.
+    table_dtype: str = "float32"
     # Decode (one query): the relative term as a tensor-core dot whose E tile goes through the software
     # pipeline with K and V (True), or as a GEMV on the CUDA cores with E loaded into registers (False).
     rel_dot: bool = False
@@ -66,6 +70,10 @@ class AttentionConfig:
         if self.shear not in ("gather", "scratch", "chunk"):
             raise ValueError(
                 f"AttentionConfig.shear must be 'gather', 'scratch' or 'chunk', got {self.shear!r}"
+            )
+        if self.table_dtype not in ("float32", "bfloat16"):
+            raise ValueError(
+                f"AttentionConfig.table_dtype must be 'float32' or 'bfloat16', got {self.table_dtype!r}"
             )
         if self.chunk_tiles < 1:
             raise ValueError(f"AttentionConfig.chunk_tiles must be at least 1, got {self.chunk_tiles}")
@@ -133,13 +141,16 @@ def choose_config(
         if rel_dot and not small:
             block_n = 64
     else:
-        # One head per program; the relative band is sheared through a per-program scratch (with
-        # tl.gather, H200 2026-11-29: 32x32 tiles and 2 warps were best and still 11x SDPA's time)
+        # One head per program; the relative term from a per-program table per chunk of 3 KV tiles (H200,
+        # bench/results/gpu-2026-12-01/s16/: prefill 8K 12.82 ms at 64x64 and 4 warps, against 14.42 for
+        # the band sheared through a scratch per tile, 18.1-22.6 for 8 warps or other tiles; tl.gather,
+        # 2026-11-29, 21.4). float32 keeps the scratch form: the chunk form's second tile loop (unmasked
+        # chunks) would double the IEEE dots' long sm_90 compile.
         heads = 1
         block_q = 16 if small else 64
         block_n = 16 if small else 64
         num_warps, num_stages = 4, 2
-        shear = "scratch"
+        shear = "scratch" if float32 else "chunk"
         rel_dot = rel_gemv = False
         if float32 and not small:
             block_q = 32
@@ -210,8 +221,13 @@ def kernel_constexprs(
     )
 
 
+def table_dtype(config: AttentionConfig) -> torch.dtype:
+    """The element type of a launch's scratch or relative table."""
+    return torch.bfloat16 if config.table_dtype == "bfloat16" else torch.float32
+
+
 def scratch_row(constexprs: dict) -> int:
-    """float32 elements per query row of a program's scratch (0: the launch needs none)."""
+    """Elements per query row of a program's scratch (0: the launch needs none)."""
     return constexprs["U_WIDTH"] or (constexprs["BAND"] if constexprs["SCRATCH"] else 0)
 
 
@@ -283,7 +299,9 @@ def sheared_bias_attention(
     row = scratch_row(constexprs)
     if row:
         scratch = torch.empty(
-            (grid[0] * grid[1] * grid[2], config.block_q, row), dtype=torch.float32, device=q.device
+            (grid[0] * grid[1] * grid[2], config.block_q, row),
+            dtype=table_dtype(config),
+            device=q.device,
         )
     else:
         scratch = out  # unused
