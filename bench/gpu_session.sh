@@ -45,19 +45,21 @@
 #     bash bench/gpu_session.sh s16-prefill # 1 GPU: the chunked relative table (shear="chunk"): attention GPU tests,
 #                                           #   bench.sm90, bench/attention.py prefill 8K (its variants and the
 #                                           #   no-relative floor)
+#     bash bench/gpu_session.sh s16b        # 1 GPU: the fix of s16-mtp's failure, the chunked table as prefill default
 #     bash bench/gpu_session.sh s16-e2e-prefill # 1 GPU: bench.e2e batch 1 with a profile of the 8K prefill
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
 #                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8, compiled
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
 # with torch and Triton: the project runs from this checkout on PYTHONPATH, never from a fresh venv.
-# Every pytest run dumps its stacks after 60 s in one test (faulthandler), so a slow compile or a hang
-# says where it is.
+# A command that reaches its time limit dumps its stacks (SIGABRT, faulthandler), so a slow compile or a
+# hang says where it is. (pytest's faulthandler_timeout, a dump after 60 s in one test, was dropped: in
+# s16b the dump itself crashed the run, rc 139, while the main thread was compiling a kernel.)
 set -u
 export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT=${OUT:-build/gpu-out}
 mkdir -p "$OUT"
-PYTEST=(python3 -X faulthandler -m pytest -q -s -p no:cacheprovider -o faulthandler_timeout=60)
+PYTEST=(python3 -X faulthandler -m pytest -q -s -p no:cacheprovider)
 
 run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, record the exit code
     # At the limit the command gets SIGABRT, on which Python's faulthandler dumps every thread's stack
@@ -323,6 +325,15 @@ s14-mtp)
         --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e-mtp"
     pack s14-mtp
     ;;
+s16b)
+    # Session 16, second call: the drafting graphs' fix (head passes without a pick took their ragged
+    # arguments to the device before the graph staged them: s16-mtp's engine tests failed on it), the
+    # chunked table as the prefill default (bf16 engines), its bf16-table form, and the prefill variants
+    run engine_test 280 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "mtp or (graphs and bfloat16)"
+    run attn_test 90 "${PYTEST[@]}" tests/kernels/test_attention.py -k "gpu and chunk or bfloat16_relative"
+    run attn_bench 150 python3 bench/attention.py --only "prefill 8K" --budget-s 120 --out "$OUT/attn"
+    pack s16b
+    ;;
 s16-mtp)
     # Session 15 (for the next): a drafting pass's graph fills its draft ids and stores its picks (e57b9eb):
     # the engine's GPU tests on it, the host's work, then the e2e MTP round with the draft graphs and with
@@ -346,6 +357,19 @@ s16-prefill)
     run sm90 60 python3 -m bench.sm90 --out "$OUT/sm90"
     run attn_bench 220 python3 bench/attention.py --only "prefill 8K" --budget-s 180 --out "$OUT/attn"
     pack s16-prefill
+    ;;
+s16c)
+    # Session 16, third call: the drafting graphs' fix on the GPU, then the e2e's 8K prefill with the
+    # chunked table, profiled (MoE tiles tuned for every bucket, as a user's build; no --compile)
+    run engine_test 250 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "mtp or (graphs and bfloat16)"
+    run e2e 310 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 64 \
+        --batches 1 --decode_budget_s 5 --profile_prefill --reference_peers "" --out "$OUT/e2e"
+    pack s16c
+    ;;
+s16-moe-prefill)
+    # the MoE GEMMs at a 4096-token prefill bucket over more tiles than tune()'s (bench/moe.py PREFILL_TILES)
+    run moe_tiles 300 python3 bench/moe.py --prefill-tiles 4096 --out "$OUT/moe"
+    pack s16-moe-prefill
     ;;
 s16-e2e-prefill)
     # the e2e with a profile of the 8K prefill (MoE tiles tuned for every bucket, as a user's build)

@@ -391,6 +391,58 @@ def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
         json.dump(rows, f, indent=1)
 
 
+# GEMM tiles (block_m, block_n, block_k, warps, stages) for prefill-sized T: tune()'s (launcher._candidates)
+# and others, timed per GEMM (bench/results/gpu-2026-12-01/s16/: the 8K prefill's MoE was 66% of its GPU time)
+PREFILL_TILES = [
+    (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (64, 256, 64, 8, 3),  # tune()'s
+    (128, 128, 64, 8, 4), (128, 64, 64, 4, 4), (128, 64, 128, 4, 3), (64, 128, 64, 4, 4),
+    (64, 128, 128, 4, 3), (128, 128, 32, 8, 5), (256, 64, 64, 8, 3), (128, 256, 32, 8, 4),
+]  # fmt: skip
+
+
+def prefill_tiles(out_dir: str, T: int) -> None:
+    """The MoE op's GEMM launches at T tokens (shared experts on Triton) for every PREFILL_TILES tile, one
+    GEMM's tile varied at a time (launches are timed alone, so the other's tile does not matter): CUDA-graph
+    replays, TFLOP/s against 790, the whole op's error against the reference. Writes prefill_tiles.json."""
+    layer = make_layer()
+    args = op_args(layer, T, seed=T)
+    want = torch.ops.inkling.expert_sink_moe(*args, "", "reference").float()
+    flops = {"gemm1 routed": 2 * T * TOP_K * 2 * I * H, "gemm2 routed": 2 * T * TOP_K * I * H,
+             "gemm1 shared": 2 * T * S * 2 * I * H, "gemm2 shared": 2 * T * S * I * H}  # fmt: skip
+    rows = []
+    for m, n, k, warps, stages in PREFILL_TILES:
+        g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
+        cfg = {"block_m": m, "shared": "triton", "gemm1": g, "gemm2": dict(g)}
+        try:
+            y = moe_launcher.expert_sink_moe(*args, config=cfg).float()
+            err = float((y - want).norm() / want.norm())
+            _, launches = moe_launcher.launches(*args, config=cfg)
+            for _, run in launches:  # once in order, so that each can then be replayed alone
+                run()
+            times = {name: bench(run)[0] * 1e3 for name, run in launches if name in flops}
+        except Exception as exc:  # noqa: BLE001
+            log(f"T={T} m{m} n{n} k{k} w{warps} s{stages}: failed {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        row = dict(T=T, config=cfg, err=err, us=times)
+        row["tflops"] = {name: flops[name] / (us * 1e-6) / 1e12 for name, us in times.items()}
+        rows.append(row)
+        log(
+            f"T={T} m{m} n{n} k{k} w{warps} s{stages}: err {err:.1e} | "
+            + " | ".join(
+                f"{name} {us:8.1f} us ({row['tflops'][name]:.0f} TF/s)" for name, us in times.items()
+            )
+        )
+    for name in flops:
+        timed = [r for r in rows if name in r["us"]]
+        if timed:
+            best = min(timed, key=lambda r: r["us"][name])
+            log(
+                f"best {name}: {best['us'][name]:.1f} us, {best['tflops'][name]:.0f} TF/s, {json.dumps(best['config']['gemm1'])} m{best['config']['block_m']}"
+            )
+    with open(os.path.join(out_dir, "prefill_tiles.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def overlap(out_dir: str, tokens=(1, 8, 64)) -> None:
     """The whole op at T tokens, serial and with the shared experts on a side stream ("overlap"), for the
     default tiles of T's bucket with the shared experts on Triton and on cuBLAS: CUDA-graph replays (as
@@ -433,7 +485,14 @@ def main():
     ap.add_argument(
         "--overlap", metavar="T,T", help="time the op serial and with the shared experts overlapped, and exit"
     )
+    ap.add_argument(
+        "--prefill-tiles", type=int, metavar="T", help="time the GEMMs over PREFILL_TILES, and exit"
+    )
     args = ap.parse_args()
+    if args.prefill_tiles:
+        os.makedirs(args.out, exist_ok=True)
+        prefill_tiles(args.out, args.prefill_tiles)
+        return
     if args.overlap:
         os.makedirs(args.out, exist_ok=True)
         overlap(args.out, tuple(int(t) for t in args.overlap.split(",")))
