@@ -46,6 +46,8 @@
 #                                           #   bench.sm90, bench/attention.py prefill 8K (its variants and the
 #                                           #   no-relative floor)
 #     bash bench/gpu_session.sh s16b        # 1 GPU: the fix of s16-mtp's failure, the chunked table as prefill default
+#     bash bench/gpu_session.sh s16c        # 1 GPU: the MTP engine tests after the fix, the e2e's 8K prefill profiled
+#     bash bench/gpu_session.sh s16-moe-prefill # 1 GPU: the MoE GEMMs at a 4096-token bucket over more tiles
 #     bash bench/gpu_session.sh s16-e2e-prefill # 1 GPU: bench.e2e batch 1 with a profile of the 8K prefill
 #     bash bench/gpu_session.sh moe-decode  # 1 GPU: the MoE decode kernels' GPU tests and times (every tune()
 #                                           #   candidate at T = 1 and 8), then e2e batches 1 and 8, compiled

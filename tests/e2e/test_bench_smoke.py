@@ -122,11 +122,24 @@ def test_host_benchmark_smoke(engine_f32, tmp_path):
 
 def test_sm90_report_smoke(tmp_path):
     """bench.sm90 compiles the attention kernel for sm_90 without a GPU (as the launcher would launch the
-    chunked-table prefill) and reads registers and PTX counts: it breaks when the kernel's arguments and
-    the launcher's constexprs drift apart."""
+    chunked-table prefill, here with a bf16 table) and reads registers and PTX counts: it breaks when the
+    kernel's arguments and the launcher's constexprs drift apart."""
     from bench.sm90 import main as sm90_main
 
-    assert sm90_main(["--seq", "1024", "--only", "shear='chunk', chunk_tiles=7", "--out", str(tmp_path)]) == 0
+    only = "chunk_tiles=7, unmasked_chunks=True, table_dtype='bfloat16'"
+    assert sm90_main(["--seq", "1024", "--only", only, "--out", str(tmp_path)]) == 0
     (row,) = json.loads((tmp_path / "sm90.json").read_text())["rows"]
     assert 0 < row["registers"] <= 255 and row["shared_bytes"] > 0 and row["wgmma"] > 0
     assert "chunk_tiles=7" in (tmp_path / "sm90.md").read_text()
+
+
+def test_sm90_moe_report_smoke(tmp_path):
+    """bench.sm90_moe compiles the MoE grouped GEMM for sm_90 without a GPU and counts its K loop's SASS:
+    every launch's loop has its tensor-core instructions, and the NVFP4 GEMM 1's loop carries the
+    dequantization on top of what the bf16 one runs."""
+    from bench.sm90_moe import main as sm90_moe_main
+
+    assert sm90_moe_main(["--tile", "64,64,64,4,2", "--out", str(tmp_path)]) == 0
+    rows = {r["launch"]: r for r in json.loads((tmp_path / "sm90_moe.json").read_text())}
+    assert all(r["loop_mix"].get("HGMMA", 0) > 0 for r in rows.values()), rows
+    assert rows["gemm1 routed (NVFP4)"]["loop_body"] > 2 * rows["gemm1 shared (bf16)"]["loop_body"]

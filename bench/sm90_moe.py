@@ -1,0 +1,149 @@
+"""What the MoE grouped GEMM's main loop compiles to on an H200 (sm_90), read on a machine without a GPU.
+
+    python -m bench.sm90_moe --out DIR [--tile 128,128,64,8,3]
+
+Compiles `moe_gemm_kernel` (plugins/moe/kernels.py) for sm_90 at a prefill tile (block_m, block_n, block_k,
+warps, stages; tune()'s choice at T = 4096 on the H200 by default) as three launches of inkling-bench's
+MoE: the routed NVFP4 GEMM 1 (gate and up) and GEMM 2, and the bf16 shared GEMM 1. Disassembles the
+cubin with the nvdisasm Triton bundles and counts the SASS instructions of the K loop's body (the block
+that ends in the loop's backward branch), by opcode. Per K step and thread, that is the work the
+dequantization adds next to the tensor-core instructions (HGMMA) it feeds.
+
+Session 16 measured the routed GEMMs at 205 TFLOP/s against 549 for the bf16 shared GEMM 1 in this kernel
+(bench/moe.py --prefill-tiles 4096); this says where the difference goes. Writes sm90_moe.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+
+from bench.sm90 import ptxas_report
+
+H, I, E, TOP_K, S = 7168, 2560, 256, 6, 2  # inkling-bench (bench/moe.py)
+LAUNCHES = {  # name: (NVFP4, GATED, N, K)
+    "gemm1 routed (NVFP4)": (True, True, I, H),
+    "gemm2 routed (NVFP4)": (True, False, H, I),
+    "gemm1 shared (bf16)": (False, True, I, H),
+}
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...]):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from plugins.moe import kernels
+
+    m, n, k, warps, stages = tile
+    kernel = kernels.moe_gemm_kernel
+    pointers = {
+        "a_ptr": "*bf16", "w_ptr": "*u8" if nvfp4 else "*bf16", "ws_ptr": "*fp8e4nv", "wg_ptr": "*fp32",
+        "out_ptr": "*bf16", "sorted_rows_ptr": "*i32", "expert_ids_ptr": "*i32", "block_rows_ptr": "*i32",
+        "route_w_ptr": "*fp32",
+    }  # fmt: skip
+    w_row = K // 2 if nvfp4 else K
+    rows = 2 * N if gated else N
+    ints = dict(
+        stride_at=K, stride_we=rows * w_row, stride_wn=w_row, stride_wse=rows * (K // 16), stride_wsn=K // 16,
+        stride_ot=N, num_tokens=4096, N=N,
+    )  # fmt: skip
+    constexprs = dict(
+        K=K, TOP_K=TOP_K, KS=TOP_K + S, ROUTED=nvfp4, NVFP4=nvfp4, GATED=gated, IEEE=False,
+        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
+    )  # fmt: skip
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in pointers:
+            signature[name] = pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in ints:
+            signature[name] = "i32"
+            if ints[name] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "constexpr"
+    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+    )
+
+
+def loop_body_mix(cubin: bytes) -> tuple[collections.Counter, int]:
+    """SASS opcodes in the K loop's body: from the label a backward branch jumps to, to that branch (the
+    longest such block: the main loop). Returns the counts and the whole kernel's instruction count."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        sass = subprocess.run(
+            [os.path.join(BIN, "nvdisasm"), "-c", path], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    opcode = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+    labels = {m.group(1): i for i, line in enumerate(sass) if (m := re.match(r"(\.L_x_\d+):", line))}
+    best = (0, 0)
+    for i, line in enumerate(sass):
+        target = re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)
+        if target and target.group(1) in labels and labels[target.group(1)] < i:
+            start = labels[target.group(1)]
+            best = max(best, (start, i + 1), key=lambda span: span[1] - span[0])
+    body = collections.Counter(m.group(1) for line in sass[best[0] : best[1]] if (m := opcode.match(line)))
+    total = sum(1 for line in sass if opcode.match(line))
+    return body, total
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tile", default="128,128,64,8,3", help="block_m,block_n,block_k,warps,stages")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the tests' interpreted kernels cannot be compiled
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        argv = sys.argv[1:] if argv is None else argv
+        return subprocess.run(
+            [sys.executable, "-m", "bench.sm90_moe", *argv], env=env, check=False
+        ).returncode
+    tile = tuple(int(v) for v in args.tile.split(","))
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for name, (nvfp4, gated, N, K) in LAUNCHES.items():
+        compiled = compile_gemm(nvfp4, gated, N, K, tile)
+        body, total = loop_body_mix(compiled.asm["cubin"])
+        row = {"launch": name, "tile": tile, "shared_bytes": compiled.metadata.shared, "sass_total": total}
+        row.update(ptxas_report(compiled.asm["ptx"]))
+        row["loop_body"] = sum(body.values())
+        row["loop_mix"] = dict(body.most_common())
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "loop_mix"}), flush=True)
+    with open(os.path.join(args.out, "sm90_moe.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = [
+        f"# moe_gemm_kernel compiled for sm_90 (`python -m bench.sm90_moe --tile {args.tile}`): the K loop",
+        "",
+        "SASS instructions per thread in one K step (the loop body), the most frequent opcodes first.",
+        "",
+        "| launch | registers | spill bytes | shared bytes | loop body | HGMMA | opcodes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mix = ", ".join(f"{k} {v}" for k, v in list(r["loop_mix"].items())[:12])
+        lines.append(
+            f"| {r['launch']} | {r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} | {r['loop_body']} "
+            f"| {r['loop_mix'].get('HGMMA', 0)} | {mix} |"
+        )
+    with open(os.path.join(args.out, "sm90_moe.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
