@@ -373,6 +373,13 @@ s16-moe-prefill)
     run moe_tiles 300 python3 bench/moe.py --prefill-tiles 4096 --out "$OUT/moe"
     pack s16-moe-prefill
     ;;
+s16d)
+    # the NVFP4 decode straight from each byte's bits (plugins/moe/kernels.py _e2m1_f16): the MoE GPU tests
+    # of the tensor-core kernel, then the GEMMs at a 4096-token bucket over PREFILL_TILES
+    run moe_test 110 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "gpu_bf16 or float32_exact"
+    run moe_tiles 150 python3 bench/moe.py --prefill-tiles 4096 --out "$OUT/moe"
+    pack s16d
+    ;;
 s16-e2e-prefill)
     # the e2e with a profile of the 8K prefill (MoE tiles tuned for every bucket, as a user's build)
     run e2e 500 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 64 \

@@ -209,10 +209,15 @@ def _nvfp4_tile(
 
 
 @triton.jit
-def _e2m1_f16(q):
-    """E2M1 codes s.e1e0.m -> fp16 s.000e1e0.m000000000: exactly the E2M1 value times 2^-14 (subnormals
-    included), so a float32 product with `_nvfp4_tile`'s scale is bit-exact §9."""
-    return (((q & 7).to(tl.uint16) << 9) | ((q & 8).to(tl.uint16) << 12)).to(tl.float16, bitcast=True)
+def _e2m1_f16(c):
+    """A byte's two E2M1 codes (c: uint16, low nibble = even column) as fp16 bits, (low, high): each code
+    s.e1e0.m goes to s.000e1e0.m000000000 straight from its place in the byte, without a nibble split
+    first. That is exactly the E2M1 value times 2^-14 (subnormals included), so a float32 product with
+    `_nvfp4_tile`'s scale is bit-exact §9. (Compiled for sm_90, this form took GEMM 1's K loop from 848 to
+    658 instructions per thread: `python -m bench.sm90_moe`.)"""
+    lo = ((c & 7) << 9) | ((c & 8) << 12)
+    hi = ((c & 0x70) << 5) | ((c & 0x80) << 8)
+    return lo, hi
 
 
 @triton.jit
@@ -238,8 +243,9 @@ def _weight_tile(
         scale = tl.reshape(
             tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)), (BLOCK_N, BLOCK_K)
         )
-        q = tl.reshape(tl.join(codes & 0xF, codes >> 4), (BLOCK_N, BLOCK_K))  # low nibble = even column
-        w = _e2m1_f16(q).to(tl.float32) * scale
+        lo, hi = _e2m1_f16(codes.to(tl.uint16))
+        bits = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))  # low nibble = even column
+        w = bits.to(tl.float16, bitcast=True).to(tl.float32) * scale
         return w.to(DTYPE)
     else:
         offs_k = k0 + tl.arange(0, BLOCK_K)

@@ -340,6 +340,15 @@ def _candidates(T: int) -> list[dict]:
         for shared in ("triton", "torch"):
             g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
             out.append({"block_m": m, "shared": shared, "gemm1": g, "gemm2": dict(g)})
+    if T > 1024:
+        # GEMM 1 and GEMM 2 on tiles of their own: their best differ (H200, each launch timed alone, two
+        # machines, bench/results/gpu-2026-12-01/s16/ s16-moe-prefill and s16d: at T = 4096 the routed
+        # GEMM 1 was fastest at 128x64 with 4 warps, 7.9-8.6 ms, GEMM 2 at 128x128 with 4 warps, 3.9-4.5 ms;
+        # one tile for both cost 6-10% more routed time).
+        g1 = {"block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 4}
+        g2 = {"block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4}
+        for shared in ("triton", "torch"):
+            out.append({"block_m": 128, "shared": shared, "gemm1": g1, "gemm2": dict(g2)})
     if T <= 16:
         # the CUDA-core GEMV of the routed experts: rows per block (1 at batch 1; a few when an expert's
         # decode rows share one weight read), rows of W per program, columns per step; the shared

@@ -12,6 +12,8 @@ from inkling import ops
 
 from ..nvfp4 import dequantize_nvfp4
 
+DEQUANT_GROUP = 16  # routed experts dequantized together by the reference
+
 
 def dequantize_experts(
     w13: torch.Tensor,
@@ -53,10 +55,13 @@ def expert_sink_moe(
         out = ops.swiglu(x, shared_w13[s, :I].to(dtype), shared_w13[s, I:].to(dtype), shared_w2[s].to(dtype))
         y += p_shared[:, s : s + 1] * out.float()
     used = torch.unique(idx)
-    gate_up, down = dequantize_experts(w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, used)
-    gate_up, down = gate_up.to(dtype), down.to(dtype)
-    for n, e in enumerate(used.tolist()):
-        rows, slot = torch.nonzero(idx == e, as_tuple=True)
-        out = ops.swiglu(x[rows], gate_up[n, :I], gate_up[n, I:], down[n])
-        y.index_add_(0, rows, w_top[rows, slot][:, None] * out.float())
+    # A group of experts dequantized at a time: inkling-bench's 256 at once need over 100 GB of
+    # temporaries (the H200 ran out of memory at T = 1000, session 16).
+    for group in used.split(DEQUANT_GROUP):
+        gate_up, down = dequantize_experts(w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, group)
+        gate_up, down = gate_up.to(dtype), down.to(dtype)
+        for n, e in enumerate(group.tolist()):
+            rows, slot = torch.nonzero(idx == e, as_tuple=True)
+            out = ops.swiglu(x[rows], gate_up[n, :I], gate_up[n, I:], down[n])
+            y.index_add_(0, rows, w_top[rows, slot][:, None] * out.float())
     return y.to(dtype)

@@ -14,6 +14,7 @@ import plugins  # noqa: F401  (registers the ops)
 from inkling import ops
 from plugins.moe import PACKED_NAMES, pack_weights
 from plugins.moe import launcher as moe_launcher
+from plugins.moe import reference as moe_reference
 from plugins.moe.reference import dequantize_experts
 from plugins.nvfp4 import dequantize_nvfp4, random_nvfp4
 
@@ -114,8 +115,10 @@ def test_pack_weights_layout():
         pack_weights(bad)
 
 
+@pytest.mark.parametrize("group", [16, 3])  # experts dequantized together: all of TINY's, or a few at a time
 @pytest.mark.parametrize("T", [1, 7])
-def test_reference_matches_spec(T):
+def test_reference_matches_spec(T, group, monkeypatch):
+    monkeypatch.setattr(moe_reference, "DEQUANT_GROUP", group)
     c = TINY
     router, packed, sw13, sw2 = _layer(c["H"], c["I"], c["E"], c["S"], c["top_k"])
     x = torch.randn(T, c["H"], generator=torch.Generator().manual_seed(T)).to(DEVICE)
