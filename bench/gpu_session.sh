@@ -45,6 +45,8 @@
 #     bash bench/gpu_session.sh s16-prefill # 1 GPU: the chunked relative table (shear="chunk"): attention GPU tests,
 #                                           #   bench.sm90, bench/attention.py prefill 8K (its variants and the
 #                                           #   no-relative floor)
+#     bash bench/gpu_session.sh s17         # 1 GPU: MoE GPU tests, the e2e prefill with the new NVFP4 decode
+#     bash bench/gpu_session.sh s17-mtp     # 1 GPU: the e2e MTP round with the draft graphs (compiled)
 #     bash bench/gpu_session.sh s16b        # 1 GPU: the fix of s16-mtp's failure, the chunked table as prefill default
 #     bash bench/gpu_session.sh s16c        # 1 GPU: the MTP engine tests after the fix, the e2e's 8K prefill profiled
 #     bash bench/gpu_session.sh s16-moe-prefill # 1 GPU: the MoE GEMMs at a 4096-token bucket over more tiles
@@ -326,6 +328,22 @@ s14-mtp)
         --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --output_len 128 --batches 1 \
         --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e-mtp"
     pack s14-mtp
+    ;;
+s17)
+    # Session 16 (for the next): the MoE GPU tests with the reference dequantizing 16 experts at a time
+    # (test_triton_gpu_bf16[1000-dims1] ran out of memory in it), then the e2e with the new NVFP4 decode
+    # and tune()'s GEMM 1/GEMM 2 pair (TTFT and its profile: bench.e2e --profile_prefill), then the e2e
+    # MTP round with the draft graphs fixed (never measured end to end: s16-mtp's compile hit its limit)
+    run moe_test 150 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "gpu_bf16 or float32_exact"
+    run e2e 260 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 64 \
+        --batches 1 --decode_budget_s 5 --profile_prefill --reference_peers "" --out "$OUT/e2e"
+    pack s17
+    ;;
+s17-mtp)
+    run e2e_mtp 400 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile \
+        --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --output_len 128 --batches 1 \
+        --tune_max_tokens 4 --decode_budget_s 10 --profile_batch 1 --reference_peers "" --out "$OUT/e2e-mtp"
+    pack s17-mtp
     ;;
 s16b)
     # Session 16, second call: the drafting graphs' fix (head passes without a pick took their ragged
