@@ -61,31 +61,38 @@ def int_args(seq: int, num_splits: int) -> dict[str, int]:
     )  # fmt: skip
 
 
-def compile_attention(config: AttentionConfig, seq: int):
-    """The attention kernel compiled for sm_90 as a prefill of `seq` tokens with `config` would launch it."""
-    kernel = kernels.sheared_bias_attention_kernel
-    ints = int_args(seq, config.num_splits)
-    constexprs = kernel_constexprs(config, seq, HQ // HKV, D, DR, PAGE, torch.bfloat16)
-    constexprs["INTERPRET"] = False
+def compile_sm90(kernel, pointers: dict, ints: dict, floats: tuple, constexprs: dict, num_warps: int,
+                 num_stages: int):  # fmt: skip
+    """`kernel` compiled for sm_90 as a launch would specialise it: `pointers` (name -> Triton pointer type)
+    and the `ints` whose values are multiples of 16 marked so, the `floats` named fp32, every other argument
+    a constexpr from `constexprs`."""
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
-        if name == "scratch_ptr":
-            signature[name] = "*bf16" if table_dtype(config) == torch.bfloat16 else "*fp32"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in POINTERS:
-            signature[name] = POINTERS[name]
+        if name in pointers:
+            signature[name] = pointers[name]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in ints:
             signature[name] = "i32"
             if ints[name] % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name == "scale":
+        elif name in floats:
             signature[name] = "fp32"
         else:
             signature[name] = "constexpr"
     source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    options = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_attention(config: AttentionConfig, seq: int):
+    """The attention kernel compiled for sm_90 as a prefill of `seq` tokens with `config` would launch it."""
+    constexprs = kernel_constexprs(config, seq, HQ // HKV, D, DR, PAGE, torch.bfloat16)
+    constexprs["INTERPRET"] = False
+    scratch = "*bf16" if table_dtype(config) == torch.bfloat16 else "*fp32"
+    return compile_sm90(
+        kernels.sheared_bias_attention_kernel, {**POINTERS, "scratch_ptr": scratch},
+        int_args(seq, config.num_splits), ("scale",), constexprs, config.num_warps, config.num_stages,
+    )  # fmt: skip
 
 
 def ptxas_report(ptx: str) -> dict[str, int]:

@@ -26,7 +26,7 @@ import tempfile
 
 import triton
 
-from bench.sm90 import ptxas_report
+from bench.sm90 import compile_sm90, ptxas_report
 
 H, I, E, TOP_K, S = 7168, 2560, 256, 6, 2  # inkling-bench (bench/moe.py)
 LAUNCHES = {  # name: (NVFP4, GATED, N, K)
@@ -38,13 +38,10 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 
 
 def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...]):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    """moe_gemm_kernel compiled for sm_90 as one GEMM launch of the op (routed NVFP4 or shared bf16)."""
     from plugins.moe import kernels
 
     m, n, k, warps, stages = tile
-    kernel = kernels.moe_gemm_kernel
     pointers = {
         "a_ptr": "*bf16", "w_ptr": "*u8" if nvfp4 else "*bf16", "ws_ptr": "*fp8e4nv", "wg_ptr": "*fp32",
         "out_ptr": "*bf16", "sorted_rows_ptr": "*i32", "expert_ids_ptr": "*i32", "block_rows_ptr": "*i32",
@@ -60,21 +57,7 @@ def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...]
         K=K, TOP_K=TOP_K, KS=TOP_K + S, ROUTED=nvfp4, NVFP4=nvfp4, GATED=gated, IEEE=False,
         BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
     )  # fmt: skip
-    signature, attrs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in pointers:
-            signature[name] = pointers[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in ints:
-            signature[name] = "i32"
-            if ints[name] % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = "constexpr"
-    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
-    )
+    return compile_sm90(kernels.moe_gemm_kernel, pointers, ints, (), constexprs, warps, stages)
 
 
 def loop_body_mix(cubin: bytes) -> tuple[collections.Counter, int]:
