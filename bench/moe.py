@@ -353,6 +353,18 @@ def launch_only(T: int) -> None:
         log(f"launched {name}: {json.dumps(cfg)}")
 
 
+def launch_times(args: tuple, cfg: dict, want: torch.Tensor, keep) -> tuple[float, dict[str, float]]:
+    """The op with `cfg`: its relative error against `want` (the reference's float32 output), and the
+    launches whose names `keep` accepts, each timed alone (µs, CUDA-graph replays). Every launch runs once
+    in order first, so that each can then be replayed alone."""
+    y = moe_launcher.expert_sink_moe(*args, config=cfg).float()
+    err = float((y - want).norm() / want.norm())
+    _, launches = moe_launcher.launches(*args, config=cfg)
+    for _, run in launches:
+        run()
+    return err, {name: bench(run)[0] * 1e3 for name, run in launches if keep(name)}
+
+
 def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
     """Every block-diagonal (bd) decode candidate of tune() (shared experts on the Triton path) at T
     tokens: the whole op's error against the reference, and its routed GEMMs timed alone (CUDA-graph
@@ -368,12 +380,7 @@ def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
             c for c in moe_launcher._candidates(T) if c.get("kernel") == "bd" and c["shared"] == "triton"
         ]:
             try:
-                y = moe_launcher.expert_sink_moe(*args, config=cfg).float()
-                err = float((y - want).norm() / want.norm())
-                _, launches = moe_launcher.launches(*args, config=cfg)
-                for _, run in launches:
-                    run()
-                times = {name: bench(run)[0] * 1e3 for name, run in launches if "routed" in name}
+                err, times = launch_times(args, cfg, want, lambda name: "routed" in name)
             except Exception as exc:  # noqa: BLE001
                 log(f"T={T} {json.dumps(cfg)}: failed {type(exc).__name__}: {str(exc)[:300]}")
                 continue
@@ -414,12 +421,7 @@ def prefill_tiles(out_dir: str, T: int) -> None:
         g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
         cfg = {"block_m": m, "shared": "triton", "gemm1": g, "gemm2": dict(g)}
         try:
-            y = moe_launcher.expert_sink_moe(*args, config=cfg).float()
-            err = float((y - want).norm() / want.norm())
-            _, launches = moe_launcher.launches(*args, config=cfg)
-            for _, run in launches:  # once in order, so that each can then be replayed alone
-                run()
-            times = {name: bench(run)[0] * 1e3 for name, run in launches if name in flops}
+            err, times = launch_times(args, cfg, want, lambda name: name in flops)
         except Exception as exc:  # noqa: BLE001
             log(f"T={T} m{m} n{n} k{k} w{warps} s{stages}: failed {type(exc).__name__}: {str(exc)[:200]}")
             continue

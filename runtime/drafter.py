@@ -19,7 +19,7 @@ import torch
 from .block_manager import FREED
 from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
 from .sequence import Sequence
-from .step_graphs import to_device
+from .step_graphs import on_device
 
 if TYPE_CHECKING:
     from .model_runner import ModelRunner
@@ -178,7 +178,7 @@ class Drafter:
         graphs = self.runner.head_graphs
         # The graphs stage the ragged arguments from the host themselves (cu_seqlens and seq_lens must stay
         # there); the program without graphs takes them on the device.
-        head_args = list(args[:n]) if graphs is not None else [to_device(a, self.device) for a in args[:n]]
+        head_args = list(args[:n]) if graphs is not None else [on_device(a, self.device) for a in args[:n]]
         if drafting:
             pick_rows, pick_dst, hole_src, drafted = (a.to(self.device) for a in args[n:])
             head_args[2] = self._fill_holes(head_args[2].to(self.device), hole_src, drafted)

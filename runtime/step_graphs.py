@@ -378,7 +378,7 @@ class StepGraphs:
         bucket = self.bucket(args)
         if bucket is None:
             self.stats.eager += 1
-            return _as_tuple(self.program(*[to_device(a, self.device) for a in args]))
+            return _as_tuple(self.program(*[on_device(a, self.device) for a in args]))
         B, T, Q = bucket
         key = (variant, B, T, Q)
         entry = self.buckets.get(key) or self._make(key, args, B, T, Q)
@@ -420,7 +420,7 @@ class StepGraphs:
     def _make(self, key: Hashable, args: list, B: int, T: int, Q: int) -> _Bucket:
         """The bucket's static buffers, holding a batch of padding only (it writes no cache or state,
         so the warm-up runs are harmless), and in graph mode the captured graph."""
-        static = [to_device(a, self.device) for a in empty_batch(args, self.spec)]
+        static = [on_device(a, self.device) for a in empty_batch(args, self.spec)]
         padded = pad_ragged(empty_batch(args, self.spec), self.spec, B, T, Q)
         for i, x in padded.items():
             static[i] = x.to(self.device).clone()
@@ -454,8 +454,9 @@ class StepGraphs:
         return entry
 
 
-def to_device(x: Any, device: torch.device) -> Any:
-    """x on `device` where it is a tensor; anything else as it is."""
+def on_device(x: Any, device: torch.device) -> Any:
+    """x on `device` where it is a tensor; anything else as it is (ModelRunner.to_device is the pinned,
+    asynchronous copy of a host tensor)."""
     return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
