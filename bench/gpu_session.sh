@@ -46,6 +46,10 @@
 #                                           #   bench.sm90, bench/attention.py prefill 8K (its variants and the
 #                                           #   no-relative floor)
 #     bash bench/gpu_session.sh s17         # 1 GPU: MoE GPU tests, the e2e prefill with the new NVFP4 decode
+#     bash bench/gpu_session.sh s17b        # 1 GPU: the NVFP4 prefill decode on words, the combine slot by slot
+#     bash bench/gpu_session.sh s17c        # 1 GPU: the rest of the MoE GPU tests, ncu on the prefill GEMMs
+#     bash bench/gpu_session.sh s17d        # 1 GPU: moe_gemm_kernel's grid N tiles first: tests, GEMMs per launch, e2e
+#     bash bench/gpu_session.sh s17e        # 1 GPU: the e2e decode at batches 1 to 64, compiled
 #     bash bench/gpu_session.sh s17-mtp     # 1 GPU: the e2e MTP round with the draft graphs (compiled)
 #     bash bench/gpu_session.sh s16b        # 1 GPU: the fix of s16-mtp's failure, the chunked table as prefill default
 #     bash bench/gpu_session.sh s16c        # 1 GPU: the MTP engine tests after the fix, the e2e's 8K prefill profiled
@@ -338,6 +342,45 @@ s17)
     run e2e 260 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 64 \
         --batches 1 --decode_budget_s 5 --profile_prefill --reference_peers "" --out "$OUT/e2e"
     pack s17
+    ;;
+s17b)
+    # Session 17: the NVFP4 prefill decode on uint32 words, two codes at a time (bench.sm90_moe: GEMM 1's K
+    # loop 687 -> 545 SASS instructions per thread, GEMM 2's 695 -> 558), and the combine slot by slot in
+    # 1024-column programs: the MoE GPU tests, the GEMMs per launch over PREFILL_TILES at T = 4096, then the
+    # e2e 8K prefill profiled
+    run moe_test 130 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu
+    run moe_tiles 180 python3 bench/moe.py --prefill-tiles 4096 --out "$OUT/moe"
+    run e2e 250 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 64 \
+        --batches 1 --decode_budget_s 5 --profile_prefill --reference_peers "" --out "$OUT/e2e"
+    pack s17b
+    ;;
+s17c)
+    # Session 17, after s17b (whose MoE test run hit its limit compiling the decode kernels' tests): the
+    # rest of the MoE GPU tests, then Nsight Compute on the prefill's routed GEMMs (T = 4096, tune()'s
+    # tile pair): why 20% fewer instructions in the K loop gave only 3-4%. Clocks left alone.
+    run moe_test 220 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "decode_kernels or overlap or cuda_graph"
+    run moe_ncu 200 ncu --clock-control none --kernel-name regex:moe_gemm --launch-skip 2 --launch-count 2 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
+        python3 bench/moe.py --launch-only 4096
+    pack s17c
+    ;;
+s17d)
+    # Session 17, after s17c's profile: moe_gemm_kernel's grid with the N tiles first (GEMM 2 moved 10 GB of
+    # DRAM traffic for 2.9 GB of distinct bytes, the blocks' activations re-read for every N tile): MoE GPU
+    # tests of the tensor-core kernel, the GEMMs per launch at T = 4096, the e2e 8K prefill profiled
+    run moe_test 150 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "gpu_bf16 or float32_exact or cuda_graph"
+    run moe_tiles 180 python3 bench/moe.py --prefill-tiles 4096 --out "$OUT/moe"
+    run e2e 250 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 64 \
+        --batches 1 --decode_budget_s 5 --profile_prefill --reference_peers "" --out "$OUT/e2e"
+    pack s17d
+    ;;
+s17e)
+    # Session 17: the e2e decode at batches 1 to 64 (compiled) after the MoE's prefill changes (the combine
+    # slot by slot in 1024-column programs from 64 tokens, moe_gemm_kernel's grid N tiles first)
+    run e2e 470 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
+        --batches 1,8,32,64 --decode_budget_s 6 --reference_peers "" --out "$OUT/e2e"
+    pack s17e
     ;;
 s17-mtp)
     run e2e_mtp 400 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile \

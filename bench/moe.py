@@ -338,13 +338,19 @@ def write_md(moe_rows, sconv_rows, path):
 
 
 def launch_only(T: int) -> None:
-    """The op at T tokens in the default tensor-core config and in the GEMV one, three calls each after a
-    warm-up, for a profiler to capture (`ncu --kernel-name regex:moe_ ...`; bench/gpu_session.sh moe-ncu)."""
+    """The op at T tokens, three calls after a warm-up, for a profiler to capture (`ncu --kernel-name
+    regex:moe_ ...`; bench/gpu_session.sh moe-ncu, s17c): at decode sizes (T <= 16) in the default
+    tensor-core config and in the GEMV one; above, in tune()'s last candidate (at prefill sizes, the GEMM 1
+    and GEMM 2 tile pair, shared experts through cuBLAS)."""
     args = op_args(make_layer(), T)
     gemv = {"block_m": 1, "kernel": "gemv", "shared": "triton",
             "gemm1": {"block_n": 32, "block_k": 512, "num_warps": 4, "num_stages": 2},
             "gemm2": {"block_n": 32, "block_k": 512, "num_warps": 4, "num_stages": 2}}  # fmt: skip
-    for name, cfg in (("tensor cores", moe_launcher.select_config(None, T)), ("GEMV", gemv)):
+    if T <= 16:
+        configs = (("tensor cores", moe_launcher.select_config(None, T)), ("GEMV", gemv))
+    else:
+        configs = (("tune()'s last candidate", moe_launcher._candidates(T)[-1]),)
+    for name, cfg in configs:
         moe_launcher.expert_sink_moe(*args, config=cfg)  # compiles
         torch.cuda.synchronize()
         for _ in range(3):

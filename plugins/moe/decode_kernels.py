@@ -12,12 +12,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _block, _expert_weights
+from .kernels import _block, _e2m1_pair_f16, _expert_weights, _words_tile
 
 
 @triton.jit
 def _e2m1_word_f32(words, P: tl.constexpr):
-    """Nibble P (0 = lowest) of each uint32 word of E2M1 codes, as float32 E2M1 * 2^-14 (`_e2m1_f16`'s
+    """Nibble P (0 = lowest) of each uint32 word of E2M1 codes, as float32 E2M1 * 2^-14 (`_e2m1_pair_f16`'s
     placement, with the nibble's shift folded into the two shifts that place it)."""
     if 4 * P >= 12:
         sign = words >> (4 * P - 12)
@@ -42,25 +42,6 @@ def _words_dot(a_ptr, a_row, k0, words, BLOCK_K: tl.constexpr):
         a_p = tl.load(a_ptr + a_row + k0 + 8 * offs_j + p).to(tl.float32)
         s += _e2m1_word_f32(words, p) * a_p[None, :]
     return s
-
-
-@triton.jit
-def _words_tile(
-    w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K: tl.constexpr
-):
-    """The codes of W's rows offs_n, columns k0..k0+BLOCK_K-1, as uint32 words [BLOCK_N, BLOCK_K // 8],
-    and each word's block scale (a 16-column block is two words) with the global scale and 2^14 folded in."""
-    offs_j = tl.arange(0, BLOCK_K // 8)
-    wp = w_ptr.to(tl.pointer_type(tl.uint32))
-    words = tl.load(
-        wp + offs_n[:, None] * (stride_wn // 4) + (k0 // 8 + offs_j)[None, :], mask=n_mask[:, None], other=0
-    )
-    scale = tl.load(
-        ws_ptr + offs_n[:, None] * stride_wsn + (k0 // 16 + offs_j // 2)[None, :],
-        mask=n_mask[:, None],
-        other=0.0,
-    )
-    return words, (scale.to(tl.float32) * global_scale) * 16384.0
 
 
 @triton.jit
@@ -148,21 +129,6 @@ def moe_gemv_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=(offs_m < count)[:, None] & n_mask[None, :],
     )
-
-
-@triton.jit
-def _e2m1_pair_f16(words, P: tl.constexpr):
-    """Nibbles P and P + 4 (P < 4) of each uint32 word of E2M1 codes as two fp16 tensors, in
-    `_e2m1_f16`'s placement (E2M1 * 2^-14). The two codes land in the two halves of one 32-bit value
-    with one mask for magnitudes and one for signs, so the decode costs a few operations per pair."""
-    if 4 * P <= 9:
-        mag = (words << (9 - 4 * P)) & 0x0E000E00  # e1 e0 m -> bits 11..9 (and 27..25)
-    else:
-        mag = (words >> (4 * P - 9)) & 0x0E000E00
-    h = mag | ((words << (12 - 4 * P)) & 0x80008000)  # s -> bits 15 and 31
-    lo = (h & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-    hi = (h >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
-    return lo, hi
 
 
 @triton.jit

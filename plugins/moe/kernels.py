@@ -12,7 +12,7 @@ rows, so no atomics and a deterministic result.
    Every size comes from static bounds: blocks past the end get expert -1 and exit at once.
 3. moe_gemm_kernel: a grouped GEMM over those blocks, out^T = W @ A^T, so the dequantized weight
    tile is the left operand and a block of few tokens is the right one (small BLOCK_M for decode).
-   NVFP4 weights are dequantized in registers (W4A16): E2M1 code -> fp16 bits, times the float32
+   NVFP4 weights are dequantized in registers (W4A16): E2M1 codes, read as uint32 words -> fp16 bits, times the float32
    block scale times the global scale, as INKLING_SPEC §9. The same kernel runs the bf16 shared
    experts (ROUTED=False, NVFP4=False). GATED: gate and up tiles, SwiGLU epilogue (GEMM 1);
    otherwise the rows are scaled by their routing weight (GEMM 2).
@@ -133,20 +133,18 @@ def combine_kernel(
     y_ptr,  # [T, H]
     H,
     KS: tl.constexpr,
-    KS_P2: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    """y[t] = sum over the KS slots of out[t*KS + k], in float32 (one program per token and H chunk)."""
+    """y[t] = sum over the KS slots of out[t*KS + k], in float32, slot by slot (one program per token and H
+    chunk). Each thread adds its own columns of the KS rows, so there is no reduction across threads and
+    all KS loads are in flight at once."""
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    k = tl.arange(0, KS_P2)
     h_ok = offs_h < H
-    v = tl.load(
-        out_ptr + (t * KS + k)[:, None] * H + offs_h[None, :],
-        mask=(k < KS)[:, None] & h_ok[None, :],
-        other=0.0,
-    )
-    tl.store(y_ptr + t * H + offs_h, tl.sum(v.to(tl.float32), axis=0).to(y_ptr.dtype.element_ty), mask=h_ok)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for k in tl.static_range(KS):
+        acc += tl.load(out_ptr + (t * KS + k) * H + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + t * H + offs_h, acc.to(y_ptr.dtype.element_ty), mask=h_ok)
 
 
 @triton.jit
@@ -195,29 +193,51 @@ def _expert_weights(
 
 
 @triton.jit
-def _nvfp4_tile(
-    w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K: tl.constexpr
-):
-    """The E2M1 codes [BLOCK_N, BLOCK_K // 2] (two per byte, low nibble = even column) and the block
-    scales [BLOCK_N, BLOCK_K // 16] of W's rows offs_n, columns k0..k0+BLOCK_K-1. The scales are §9's
-    float32(float32(scale) * scale_2), times 2^14 to undo the fp16 placement of `_e2m1_f16`."""
-    offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    codes = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_b[None, :], mask=n_mask[:, None], other=0)
-    offs_s = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+def _words_tile(
+    w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K: tl.constexpr,
+    PER_WORD: tl.constexpr = True,
+):  # fmt: skip
+    """The codes of W's rows offs_n, columns k0..k0+BLOCK_K-1, as uint32 words [BLOCK_N, BLOCK_K // 8]
+    (word j: columns 8j..8j+7, nibble p = column 8j+p), and their block scales: one per word (PER_WORD; a
+    16-column block is two words) or one per block [BLOCK_N, BLOCK_K // 16]. A scale is §9's
+    float32(float32(scale) * scale_2), times 2^14 to undo `_e2m1_pair_f16`'s placement."""
+    offs_j = tl.arange(0, BLOCK_K // 8)
+    wp = w_ptr.to(tl.pointer_type(tl.uint32))
+    words = tl.load(
+        wp + offs_n[:, None] * (stride_wn // 4) + (k0 // 8 + offs_j)[None, :], mask=n_mask[:, None], other=0
+    )
+    if PER_WORD:
+        offs_s = k0 // 16 + offs_j // 2
+    else:
+        offs_s = k0 // 16 + tl.arange(0, BLOCK_K // 16)
     scale = tl.load(ws_ptr + offs_n[:, None] * stride_wsn + offs_s[None, :], mask=n_mask[:, None], other=0.0)
-    return codes, (scale.to(tl.float32) * global_scale) * 16384.0
+    return words, (scale.to(tl.float32) * global_scale) * 16384.0
 
 
 @triton.jit
-def _e2m1_f16(c):
-    """A byte's two E2M1 codes (c: uint16, low nibble = even column) as fp16 bits, (low, high): each code
-    s.e1e0.m goes to s.000e1e0.m000000000 straight from its place in the byte, without a nibble split
-    first. That is exactly the E2M1 value times 2^-14 (subnormals included), so a float32 product with
-    `_nvfp4_tile`'s scale is bit-exact §9. (Compiled for sm_90, this form took GEMM 1's K loop from 848 to
-    658 instructions per thread: `python -m bench.sm90_moe`.)"""
-    lo = ((c & 7) << 9) | ((c & 8) << 12)
-    hi = ((c & 0x70) << 5) | ((c & 0x80) << 8)
+def _e2m1_pair_f16(words, P: tl.constexpr):
+    """Nibbles P and P + 4 (P < 4) of each uint32 word of E2M1 codes as two fp16 tensors. Each code
+    s.e1e0.m goes to the fp16 bits s.000e1e0.m000000000, which is exactly its E2M1 value times 2^-14
+    (subnormals included), so a float32 product with `_words_tile`'s scale is bit-exact §9. The two codes
+    land in the two halves of one 32-bit value with one mask for magnitudes and one for signs, so the
+    decode costs a few 32-bit operations per pair."""
+    if 4 * P <= 9:
+        mag = (words << (9 - 4 * P)) & 0x0E000E00  # e1 e0 m -> bits 11..9 (and 27..25)
+    else:
+        mag = (words >> (4 * P - 9)) & 0x0E000E00
+    h = mag | ((words << (12 - 4 * P)) & 0x80008000)  # s -> bits 15 and 31
+    lo = (h & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    hi = (h >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
     return lo, hi
+
+
+@triton.jit
+def _e2m1_pair_f32(words, P: tl.constexpr):
+    """`_e2m1_pair_f16` widened to float32 before anything reorders the pair: fp16 values are packed two
+    to a register, and joined in column order they would first be repacked (PRMT) out of the pairs that
+    the decode made."""
+    lo, hi = _e2m1_pair_f16(words, P)
+    return lo.to(tl.float32), hi.to(tl.float32)
 
 
 @triton.jit
@@ -237,15 +257,20 @@ def _weight_tile(
 ):
     """[BLOCK_N, BLOCK_K] of W (rows offs_n, columns k0..k0+BLOCK_K-1) in DTYPE."""
     if NVFP4:
-        codes, scale = _nvfp4_tile(
-            w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K
+        # the words decoded two codes at a time, then put back in column order (bench.sm90_moe: GEMM 1's K
+        # loop took 848 instructions per thread with a nibble split per code, 658 with one code per 16-bit
+        # value, 545 this way)
+        words, scale = _words_tile(
+            w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K, PER_WORD=False
         )
-        scale = tl.reshape(
-            tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)), (BLOCK_N, BLOCK_K)
-        )
-        lo, hi = _e2m1_f16(codes.to(tl.uint16))
-        bits = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))  # low nibble = even column
-        w = bits.to(tl.float16, bitcast=True).to(tl.float32) * scale
+        c0, c4 = _e2m1_pair_f32(words, 0)
+        c1, c5 = _e2m1_pair_f32(words, 1)
+        c2, c6 = _e2m1_pair_f32(words, 2)
+        c3, c7 = _e2m1_pair_f32(words, 3)
+        # [BLOCK_N, W, 2, 2, 2] with code 4a + 2b + c at index (a, b, c): column order once flattened
+        w = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+        scale = tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16))
+        w = tl.reshape(w, (BLOCK_N, BLOCK_K)) * tl.reshape(scale, (BLOCK_N, BLOCK_K))
         return w.to(DTYPE)
     else:
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -283,8 +308,11 @@ def moe_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    # N tiles first: the programs running at once share a few blocks' activation rows (re-read from L2, not
+    # DRAM, for each N tile) and their experts' weights (H200, prefill T = 4096: with blocks first, GEMM 2
+    # moved 10 GB of DRAM traffic for 2.9 GB of distinct bytes; Nsight Compute, s17c)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
     e, count, rows, a_rows = _block(
         pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens, TOP_K, KS, ROUTED, GATED, BLOCK_M
     )

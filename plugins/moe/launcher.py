@@ -111,7 +111,9 @@ def _gemm(
             **tiles,
         )
     else:
-        kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, **tiles)
+        if grid_m > 65535:
+            raise ValueError(f"expert_sink_moe: {grid_m} row blocks exceed the grid's second dimension")
+        kernels.moe_gemm_kernel[(grid[1], grid[0])](*args, IEEE=a.dtype == torch.float32, **tiles)
 
 
 # The parts that may run on a side stream beside the routed ones (config "overlap": True): the shared
@@ -291,10 +293,10 @@ def launches(
         ]
 
     def combine():  # one launch of a few dozen programs at decode (torch's reduction took 5 us there)
-        block_h = 256
-        kernels.combine_kernel[(T, triton.cdiv(H, block_h))](
-            out, y, H, KS=KS, KS_P2=triton.next_power_of_2(KS), BLOCK_H=block_h, num_warps=4
-        )
+        # 256 columns a program at decode; at prefill 1024, i.e. one 16-byte load per thread and slot (the
+        # 8K prefill's combine took 2.1 ms a layer with 256 and a reduction across threads, ~8.5x its bytes)
+        block_h = 256 if T < 64 else 1024
+        kernels.combine_kernel[(T, triton.cdiv(H, block_h))](out, y, H, KS=KS, BLOCK_H=block_h, num_warps=4)
 
     parts.append(("combine", combine))
     return y, parts

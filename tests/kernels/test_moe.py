@@ -138,7 +138,7 @@ def _check_triton(x, router, packed, sw13, sw2, E, top_k, tile_configs="", tol=2
     assert err < tol, f"relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("T", [1, 5, 33])
+@pytest.mark.parametrize("T", [1, 5, 33, 70])
 def test_triton_matches_reference(T):
     c = TINY
     router, packed, sw13, sw2 = _layer(c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=T)
