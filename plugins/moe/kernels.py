@@ -232,15 +232,6 @@ def _e2m1_pair_f16(words, P: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_pair_f32(words, P: tl.constexpr):
-    """`_e2m1_pair_f16` widened to float32 before anything reorders the pair: fp16 values are packed two
-    to a register, and joined in column order they would first be repacked (PRMT) out of the pairs that
-    the decode made."""
-    lo, hi = _e2m1_pair_f16(words, P)
-    return lo.to(tl.float32), hi.to(tl.float32)
-
-
-@triton.jit
 def _weight_tile(
     w_ptr,  # this expert's weights
     ws_ptr,  # this expert's block scales (NVFP4)
@@ -263,14 +254,14 @@ def _weight_tile(
         words, scale = _words_tile(
             w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K, PER_WORD=False
         )
-        c0, c4 = _e2m1_pair_f32(words, 0)
-        c1, c5 = _e2m1_pair_f32(words, 1)
-        c2, c6 = _e2m1_pair_f32(words, 2)
-        c3, c7 = _e2m1_pair_f32(words, 3)
+        c0, c4 = _e2m1_pair_f16(words, 0)
+        c1, c5 = _e2m1_pair_f16(words, 1)
+        c2, c6 = _e2m1_pair_f16(words, 2)
+        c3, c7 = _e2m1_pair_f16(words, 3)
         # [BLOCK_N, W, 2, 2, 2] with code 4a + 2b + c at index (a, b, c): column order once flattened
         w = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
         scale = tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16))
-        w = tl.reshape(w, (BLOCK_N, BLOCK_K)) * tl.reshape(scale, (BLOCK_N, BLOCK_K))
+        w = tl.reshape(w, (BLOCK_N, BLOCK_K)).to(tl.float32) * tl.reshape(scale, (BLOCK_N, BLOCK_K))
         return w.to(DTYPE)
     else:
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -308,11 +299,18 @@ def moe_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    # N tiles first: the programs running at once share a few blocks' activation rows (re-read from L2, not
-    # DRAM, for each N tile) and their experts' weights (H200, prefill T = 4096: with blocks first, GEMM 2
-    # moved 10 GB of DRAM traffic for 2.9 GB of distinct bytes; Nsight Compute, s17c)
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    if ROUTED:
+        # N tiles first: the programs running at once share a few blocks' activation rows (re-read from L2,
+        # not DRAM, for each N tile), and each block's expert is read once either way (H200, prefill
+        # T = 4096: with blocks first, GEMM 2 moved 10 GB of DRAM traffic for 2.9 GB of distinct bytes,
+        # Nsight Compute, s17c; N first took it from 3794 to 3332 us, s17d)
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    else:
+        # blocks first: every block reads the same shared expert, whose tiles are then reused from L2 (with
+        # N first, the shared GEMM 1 went from 1107 to 1221 us at T = 4096, s17d)
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
     e, count, rows, a_rows = _block(
         pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens, TOP_K, KS, ROUTED, GATED, BLOCK_M
     )

@@ -111,9 +111,11 @@ def _gemm(
             **tiles,
         )
     else:
-        if grid_m > 65535:
-            raise ValueError(f"expert_sink_moe: {grid_m} row blocks exceed the grid's second dimension")
-        kernels.moe_gemm_kernel[(grid[1], grid[0])](*args, IEEE=a.dtype == torch.float32, **tiles)
+        if routed:  # N tiles first (the kernel's pid order)
+            if grid_m > 65535:
+                raise ValueError(f"expert_sink_moe: {grid_m} row blocks exceed the grid's second dimension")
+            grid = (grid[1], grid[0])
+        kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, **tiles)
 
 
 # The parts that may run on a side stream beside the routed ones (config "overlap": True): the shared
