@@ -46,6 +46,8 @@
 #                                           #   bench.sm90, bench/attention.py prefill 8K (its variants and the
 #                                           #   no-relative floor)
 #     bash bench/gpu_session.sh s17         # 1 GPU: MoE GPU tests, the e2e prefill with the new NVFP4 decode
+#     bash bench/gpu_session.sh s18         # 1 GPU: the register-capped 8-warp MoE tiles per launch, then the e2e prefill
+#     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
 #     bash bench/gpu_session.sh s17b        # 1 GPU: the NVFP4 prefill decode on words, the combine slot by slot
 #     bash bench/gpu_session.sh s17c        # 1 GPU: the rest of the MoE GPU tests, ncu on the prefill GEMMs
 #     bash bench/gpu_session.sh s17d        # 1 GPU: moe_gemm_kernel's grid N tiles first: tests, GEMMs per launch, e2e
@@ -342,6 +344,25 @@ s17)
     run e2e 260 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 64 \
         --batches 1 --decode_budget_s 5 --profile_prefill --reference_peers "" --out "$OUT/e2e"
     pack s17
+    ;;
+s18)
+    # Session 17 (for the next): the register-capped 8-warp tiles (maxnreg 128: two 8-warp programs an SM
+    # instead of 8 warps in all; bench.sm90_moe --tile 128,64,64,8,3,128) per launch at T = 4096 beside the
+    # others, then the e2e 8K prefill, whose tune() now also times them; the MoE tests of maxnreg configs
+    run moe_tiles 200 python3 bench/moe.py --prefill-tiles 4096 --out "$OUT/moe"
+    run e2e 250 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 64 \
+        --batches 1 --decode_budget_s 5 --profile_prefill --reference_peers "" --out "$OUT/e2e"
+    run moe_test 120 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "gpu_bf16 or maxnreg"
+    pack s18
+    ;;
+s18-decode)
+    # Session 17 (for the next): the decode kernel with the grid's N tiles first (moe_bd_kernel N_FIRST, tune()
+    # candidates "n_first"), every bd candidate timed at T = 1 and 8, then the e2e decode at batches 1 to 32
+    run moe_test 120 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "decode_kernels"
+    run moe_decode 170 python3 bench/moe.py --decode-kernels 1,8 --out "$OUT/moe"
+    run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
+        --batches 1,8,32 --decode_budget_s 6 --reference_peers "" --out "$OUT/e2e"
+    pack s18-decode
     ;;
 s17b)
     # Session 17: the NVFP4 prefill decode on uint32 words, two codes at a time (bench.sm90_moe: GEMM 1's K

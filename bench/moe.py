@@ -410,6 +410,8 @@ PREFILL_TILES = [
     (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (64, 256, 64, 8, 3),  # tune()'s
     (128, 128, 64, 8, 4), (128, 64, 64, 4, 4), (128, 64, 128, 4, 3), (64, 128, 64, 4, 4),
     (64, 128, 128, 4, 3), (128, 128, 32, 8, 5), (256, 64, 64, 8, 3), (128, 256, 32, 8, 4),
+    # a sixth value caps the registers per thread (maxnreg): two 8-warp programs an SM (session 17)
+    (128, 64, 64, 8, 3, 128), (128, 64, 64, 8, 4, 128),
 ]  # fmt: skip
 
 
@@ -423,19 +425,23 @@ def prefill_tiles(out_dir: str, T: int) -> None:
     flops = {"gemm1 routed": 2 * T * TOP_K * 2 * I * H, "gemm2 routed": 2 * T * TOP_K * I * H,
              "gemm1 shared": 2 * T * S * 2 * I * H, "gemm2 shared": 2 * T * S * I * H}  # fmt: skip
     rows = []
-    for m, n, k, warps, stages in PREFILL_TILES:
+    for m, n, k, warps, stages, *maxnreg in PREFILL_TILES:
         g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
+        label = f"T={T} m{m} n{n} k{k} w{warps} s{stages}"
+        if maxnreg:
+            g["maxnreg"] = maxnreg[0]
+            label += f" r{maxnreg[0]}"
         cfg = {"block_m": m, "shared": "triton", "gemm1": g, "gemm2": dict(g)}
         try:
             err, times = launch_times(args, cfg, want, lambda name: name in flops)
         except Exception as exc:  # noqa: BLE001
-            log(f"T={T} m{m} n{n} k{k} w{warps} s{stages}: failed {type(exc).__name__}: {str(exc)[:200]}")
+            log(f"{label}: failed {type(exc).__name__}: {str(exc)[:200]}")
             continue
         row = dict(T=T, config=cfg, err=err, us=times)
         row["tflops"] = {name: flops[name] / (us * 1e-6) / 1e12 for name, us in times.items()}
         rows.append(row)
         log(
-            f"T={T} m{m} n{n} k{k} w{warps} s{stages}: err {err:.1e} | "
+            f"{label}: err {err:.1e} | "
             + " | ".join(
                 f"{name} {us:8.1f} us ({row['tflops'][name]:.0f} TF/s)" for name, us in times.items()
             )

@@ -62,10 +62,10 @@ def int_args(seq: int, num_splits: int) -> dict[str, int]:
 
 
 def compile_sm90(kernel, pointers: dict, ints: dict, floats: tuple, constexprs: dict, num_warps: int,
-                 num_stages: int):  # fmt: skip
+                 num_stages: int, maxnreg: int | None = None):  # fmt: skip
     """`kernel` compiled for sm_90 as a launch would specialise it: `pointers` (name -> Triton pointer type)
     and the `ints` whose values are multiples of 16 marked so, the `floats` named fp32, every other argument
-    a constexpr from `constexprs`."""
+    a constexpr from `constexprs`; `maxnreg` caps the registers per thread as the launch option does."""
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in pointers:
@@ -81,6 +81,8 @@ def compile_sm90(kernel, pointers: dict, ints: dict, floats: tuple, constexprs: 
             signature[name] = "constexpr"
     source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 

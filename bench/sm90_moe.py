@@ -1,9 +1,9 @@
 """What the MoE grouped GEMM's main loop compiles to on an H200 (sm_90), read on a machine without a GPU.
 
-    python -m bench.sm90_moe --out DIR [--tile 128,128,64,8,3]
+    python -m bench.sm90_moe --out DIR [--tile 128,128,64,8,3[,maxnreg]]
 
 Compiles `moe_gemm_kernel` (plugins/moe/kernels.py) for sm_90 at a prefill tile (block_m, block_n, block_k,
-warps, stages; tune()'s choice at T = 4096 on the H200 by default) as three launches of inkling-bench's
+warps, stages, and optionally a register cap per thread; tune()'s choice at T = 4096 on the H200 by default) as three launches of inkling-bench's
 MoE: the routed NVFP4 GEMM 1 (gate and up) and GEMM 2, and the bf16 shared GEMM 1. Disassembles the
 cubin with the nvdisasm Triton bundles and counts the SASS instructions of the K loop's body (the block
 that ends in the loop's backward branch), by opcode. Per K step and thread, that is the work the
@@ -41,7 +41,7 @@ def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...]
     """moe_gemm_kernel compiled for sm_90 as one GEMM launch of the op (routed NVFP4 or shared bf16)."""
     from plugins.moe import kernels
 
-    m, n, k, warps, stages = tile
+    m, n, k, warps, stages, *maxnreg = tile
     pointers = {
         "a_ptr": "*bf16", "w_ptr": "*u8" if nvfp4 else "*bf16", "ws_ptr": "*fp8e4nv", "wg_ptr": "*fp32",
         "out_ptr": "*bf16", "sorted_rows_ptr": "*i32", "expert_ids_ptr": "*i32", "block_rows_ptr": "*i32",
@@ -57,7 +57,24 @@ def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...]
         K=K, TOP_K=TOP_K, KS=TOP_K + S, ROUTED=nvfp4, NVFP4=nvfp4, GATED=gated, IEEE=False,
         BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
     )  # fmt: skip
-    return compile_sm90(kernels.moe_gemm_kernel, pointers, ints, (), constexprs, warps, stages)
+    return compile_sm90(
+        kernels.moe_gemm_kernel,
+        pointers,
+        ints,
+        (),
+        constexprs,
+        warps,
+        stages,
+        maxnreg[0] if maxnreg else None,
+    )
+
+
+def programs_per_sm(registers: int, shared_bytes: int, warps: int) -> int:
+    """How many programs an H100/H200 SM holds at once: 64K registers (allocated per warp in blocks of 256,
+    i.e. per thread in multiples of 8), 228 KB of shared memory (1 KB of it reserved per program), 64 warps."""
+    by_registers = 65536 // (-(-registers // 8) * 8 * 32 * warps)
+    by_shared = 233472 // (shared_bytes + 1024)
+    return min(by_registers, by_shared, 64 // warps, 32)
 
 
 def loop_body_mix(cubin: bytes) -> tuple[collections.Counter, int]:
@@ -102,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         body, total = loop_body_mix(compiled.asm["cubin"])
         row = {"launch": name, "tile": tile, "shared_bytes": compiled.metadata.shared, "sass_total": total}
         row.update(ptxas_report(compiled.asm["ptx"]))
+        row["programs_per_sm"] = programs_per_sm(row["registers"], row["shared_bytes"], tile[3])
         row["loop_body"] = sum(body.values())
         row["loop_mix"] = dict(body.most_common())
         rows.append(row)
@@ -113,13 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "SASS instructions per thread in one K step (the loop body), the most frequent opcodes first.",
         "",
-        "| launch | registers | spill bytes | shared bytes | loop body | HGMMA | opcodes |",
-        "|---|---|---|---|---|---|---|",
+        "| launch | registers | spill bytes | shared bytes | programs per SM | loop body | HGMMA | opcodes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mix = ", ".join(f"{k} {v}" for k, v in list(r["loop_mix"].items())[:12])
         lines.append(
-            f"| {r['launch']} | {r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} | {r['loop_body']} "
+            f"| {r['launch']} | {r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} "
+            f"| {r['programs_per_sm']} | {r['loop_body']} "
             f"| {r['loop_mix'].get('HGMMA', 0)} | {mix} |"
         )
     with open(os.path.join(args.out, "sm90_moe.md"), "w") as f:

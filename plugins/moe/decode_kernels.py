@@ -196,6 +196,7 @@ def moe_bd_kernel(
     STACK_GU: tl.constexpr = False,  # GEMM 1: gate and up rows in one dot of 2 * BLOCK_N rows
     K_MAJOR_A: tl.constexpr = False,  # 1-row blocks: build the activation operand as [C, 2W], then transpose
     ONE_DOT: tl.constexpr = False,  # the four nibble pieces of a K step in one dot of K = BLOCK_K
+    N_FIRST: tl.constexpr = False,  # the grid's N tiles first, as moe_gemm_kernel's routed GEMMs
 ):
     """The decode form of moe_gemm_kernel on tensor cores (same blocks, same outputs).
 
@@ -213,8 +214,12 @@ def moe_bd_kernel(
     KBP: tl.constexpr = KB if KB * BLOCK_M >= 16 else 16 // BLOCK_M
     C: tl.constexpr = KBP * BLOCK_M
     W: tl.constexpr = BLOCK_K // 8  # uint32 words of codes per row and K step
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    if N_FIRST:  # the programs in flight then stream a few experts' weights, each from end to end
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
     e, count, rows, a_rows = _block(
         pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens, TOP_K, KS, ROUTED, GATED, BLOCK_M
     )

@@ -100,14 +100,18 @@ def _gemm(
     tiles = dict(TOP_K=top_k, KS=KS, ROUTED=routed, NVFP4=nvfp4, GATED=gated,
                  BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
+    if cfg.get("maxnreg"):  # a register cap per thread, for more programs per SM (see _candidates)
+        tiles["maxnreg"] = cfg["maxnreg"]
     if kernel == "gemv":
         decode_kernels.moe_gemv_kernel[grid](*args, **tiles)
     elif kernel == "bd":
-        decode_kernels.moe_bd_kernel[grid](
+        n_first = bool(cfg.get("n_first", False))
+        decode_kernels.moe_bd_kernel[(grid[1], grid[0]) if n_first else grid](
             *args,
             STACK_GU=bool(cfg.get("stack_gu", False)),
             K_MAJOR_A=bool(cfg.get("k_major_a", False)),
             ONE_DOT=bool(cfg.get("one_dot", False)),
+            N_FIRST=n_first,
             **tiles,
         )
     else:
@@ -353,6 +357,13 @@ def _candidates(T: int) -> list[dict]:
         g2 = {"block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4}
         for shared in ("triton", "torch"):
             out.append({"block_m": 128, "shared": shared, "gemm1": g1, "gemm2": dict(g2)})
+        # Two 8-warp programs an SM instead of 8 warps in all: Nsight Compute found the routed GEMM 1 at
+        # that tile latency-bound with two warps a scheduler (244 registers a thread; s17c). Capped at 128
+        # registers, 8 warps on (128, 64, 64) compile without spills in the K loop and without serialized
+        # wgmma (python -m bench.sm90_moe --tile 128,64,64,8,3,128). Not yet timed on the GPU.
+        capped = {"block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128}
+        out.append({"block_m": 128, "shared": "torch", "gemm1": capped, "gemm2": dict(g2)})
+        out.append({"block_m": 128, "shared": "torch", "gemm1": capped, "gemm2": dict(capped)})
     if T <= 16:
         # the CUDA-core GEMV of the routed experts: rows per block (1 at batch 1; a few when an expert's
         # decode rows share one weight read), rows of W per program, columns per step; the shared
@@ -384,6 +395,13 @@ def _candidates(T: int) -> list[dict]:
             for shared in ("triton", "torch"):
                 out.append({"block_m": 1, "kernel": "bd", "shared": shared,
                             "gemm1": {**tile, **g1}, "gemm2": {**tile, **g2}})  # fmt: skip
+        # `n_first`: the grid's N tiles first. For moe_gemm_kernel's routed GEMMs that order cut tune()'s
+        # T = 64 op from 4560 to 3687 us (same tiles; s17-ab/fe152a8 against s17e), and batch 32's decode
+        # step from 10.4 to about 6 ms. Not yet timed for this kernel.
+        for g1, g2 in [({**stack, **one}, kmaj), ({**stack, **one}, one)]:
+            nf = {"n_first": True}
+            out.append({"block_m": 1, "kernel": "bd", "shared": "triton",
+                        "gemm1": {**tile, **g1, **nf}, "gemm2": {**tile, **g2, **nf}})  # fmt: skip
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (expert_sink_moe's
         # docstring), for the decode kernels and the small tensor-core tiles

@@ -146,6 +146,20 @@ def test_triton_matches_reference(T):
     _check_triton(x, router, packed, sw13, sw2, c["E"], c["top_k"])
 
 
+def _capped_table() -> str:
+    """tune()'s prefill candidate with both GEMMs register-capped (maxnreg), as a one-bucket table."""
+    cfg = next(c for c in moe_launcher._candidates(4096) if c["gemm2"].get("maxnreg"))
+    return json.dumps({"buckets": [dict(cfg, max_tokens=1 << 30)]})
+
+
+def test_triton_register_capped_config():
+    """A config with a register cap goes through the launcher (the interpreter ignores the cap itself)."""
+    c = TINY
+    router, packed, sw13, sw2 = _layer(c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=40)
+    x = torch.randn(40, c["H"], generator=torch.Generator().manual_seed(40)).to(DEVICE)
+    _check_triton(x, router, packed, sw13, sw2, c["E"], c["top_k"], tile_configs=_capped_table())
+
+
 def test_triton_routing_ties_go_to_lower_index():
     """Duplicate router rows give equal probabilities: both impls must keep the lower expert."""
     c = TINY
@@ -196,17 +210,17 @@ def test_triton_gemv_matches_reference(T, shared, block_m):
 
 
 @pytest.mark.parametrize(
-    "T, block_m, block_k, scale, stack, k_major, one_dot",
+    "T, block_m, block_k, scale, stack, k_major, one_dot, n_first",
     [
-        (1, 1, 256, 2.0**17, False, False, False),
-        (2, 1, 256, 1.0, True, True, False),
-        (9, 2, 128, 1.0, True, False, False),
-        (3, 4, 64, 2.0**17, False, False, False),
-        (1, 1, 256, 2.0**17, True, False, True),
-        (9, 2, 128, 1.0, False, False, True),
+        (1, 1, 256, 2.0**17, False, False, False, False),
+        (2, 1, 256, 1.0, True, True, False, True),
+        (9, 2, 128, 1.0, True, False, False, False),
+        (3, 4, 64, 2.0**17, False, False, False, False),
+        (1, 1, 256, 2.0**17, True, False, True, False),
+        (9, 2, 128, 1.0, False, False, True, True),
     ],
 )
-def test_triton_bd_matches_reference(T, block_m, block_k, scale, stack, k_major, one_dot):
+def test_triton_bd_matches_reference(T, block_m, block_k, scale, stack, k_major, one_dot, n_first):
     """The block-diagonal decode kernel on tensor cores: one to four rows a block, the dot's columns padded
     when K or the step is short (GEMM 2 reduces over I = 64 here). It hands the tensor cores fp16
     activations, so x holds fp16 values and only h's rounding to fp16 (GEMM 2's input) and float32
@@ -214,12 +228,12 @@ def test_triton_bd_matches_reference(T, block_m, block_k, scale, stack, k_major,
     itself runs a float32 network on the GEMV instead. At scale 2^17 every activation (and h) exceeds fp16's
     range, which the kernel's power-of-two row scaling must absorb. `stack`: GEMM 1's gate and up rows in
     one dot; `k_major`: the 1-row activation operand built K-contiguous; `one_dot`: a K step's four nibble
-    pieces in one dot (its own K order)."""
+    pieces in one dot (its own K order); `n_first`: the grid's N tiles first."""
     c = TINY
     router, packed, sw13, sw2 = _layer(c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=20 + T)
     x = torch.randn(T, c["H"], generator=torch.Generator().manual_seed(T)).half().float().to(DEVICE) * scale
     g = {"block_n": 16, "block_k": block_k, "num_warps": 4, "num_stages": 2, "k_major_a": k_major,
-         "one_dot": one_dot}  # fmt: skip
+         "one_dot": one_dot, "n_first": n_first}  # fmt: skip
     cfg = {"block_m": block_m, "kernel": "bd", "gemm1": {**g, "stack_gu": stack}, "gemm2": dict(g)}
     args = _args(x, router, packed, sw13, sw2, c["E"], c["top_k"])
     y = moe_launcher.expert_sink_moe(*args[:-1], config=cfg)
@@ -287,6 +301,22 @@ def test_triton_gpu_bf16(dims, T):
     args = _args(x, router, packed, sw13, sw2, c["E"], c["top_k"])
     y = torch.ops.inkling.expert_sink_moe(*args, "triton")
     # The reference in bf16 too: both route on the same bf16 logits, so a near tie cannot flip.
+    want = torch.ops.inkling.expert_sink_moe(*args, "reference").float()
+    err = (y.float() - want).norm() / want.norm()
+    assert torch.isfinite(y).all() and err < 2e-2, f"relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_triton_gpu_bf16_maxnreg():
+    """tune()'s register-capped prefill tiles at inkling-bench's sizes (the cap compiles and stays correct)."""
+    c = dict(H=7168, I=2560, E=256, S=2, top_k=6)
+    router, packed, sw13, sw2 = _layer(
+        c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=7, dtype=torch.bfloat16
+    )
+    x = torch.randn(1000, c["H"], device=DEVICE, dtype=torch.bfloat16)
+    args = _args(x, router, packed, sw13, sw2, c["E"], c["top_k"], _capped_table())
+    y = torch.ops.inkling.expert_sink_moe(*args, "triton")
     want = torch.ops.inkling.expert_sink_moe(*args, "reference").float()
     err = (y.float() - want).norm() / want.norm()
     assert torch.isfinite(y).all() and err < 2e-2, f"relative error {err:.2e}"
