@@ -55,7 +55,7 @@ def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...]
     )  # fmt: skip
     constexprs = dict(
         K=K, TOP_K=TOP_K, KS=TOP_K + S, ROUTED=nvfp4, NVFP4=nvfp4, GATED=gated, IEEE=False,
-        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
+        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, N_FIRST=nvfp4,
     )  # fmt: skip
     return compile_sm90(
         kernels.moe_gemm_kernel,

@@ -298,17 +298,18 @@ def moe_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    N_FIRST: tl.constexpr = False,  # the grid's N tiles first (launcher._gemm: the routed GEMMs)
 ):
-    if ROUTED:
-        # N tiles first: the programs running at once share a few blocks' activation rows (re-read from L2,
-        # not DRAM, for each N tile), and each block's expert is read once either way (H200, prefill
-        # T = 4096: with blocks first, GEMM 2 moved 10 GB of DRAM traffic for 2.9 GB of distinct bytes,
-        # Nsight Compute, s17c; N first took it from 3794 to 3332 us, s17d)
+    if N_FIRST:
+        # The programs running at once share a few blocks' activation rows (re-read from L2, not DRAM, for
+        # each N tile), and each routed block's expert is read once either way (H200, prefill T = 4096:
+        # with blocks first, GEMM 2 moved 10 GB of DRAM traffic for 2.9 GB of distinct bytes, Nsight
+        # Compute, s17c; N first took it from 3794 to 3332 us, s17d)
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
     else:
-        # blocks first: every block reads the same shared expert, whose tiles are then reused from L2 (with
-        # N first, the shared GEMM 1 went from 1107 to 1221 us at T = 4096, s17d)
+        # blocks first: for the shared experts, every block reads the same expert, whose tiles are then
+        # reused from L2 (with N first, the shared GEMM 1 went from 1107 to 1221 us at T = 4096, s17d)
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
     e, count, rows, a_rows = _block(

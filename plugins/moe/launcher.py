@@ -115,11 +115,12 @@ def _gemm(
             **tiles,
         )
     else:
-        if routed:  # N tiles first (the kernel's pid order)
-            if grid_m > 65535:
-                raise ValueError(f"expert_sink_moe: {grid_m} row blocks exceed the grid's second dimension")
-            grid = (grid[1], grid[0])
-        kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, **tiles)
+        # the routed GEMMs with N tiles first (moe_gemm_kernel N_FIRST; a config's "n_first": False turns it
+        # off), unless their blocks would not fit the grid's second dimension; the shared ones blocks first
+        n_first = routed and bool(cfg.get("n_first", True)) and grid_m <= 65535
+        kernels.moe_gemm_kernel[(grid[1], grid[0]) if n_first else grid](
+            *args, IEEE=a.dtype == torch.float32, N_FIRST=n_first, **tiles
+        )
 
 
 # The parts that may run on a side stream beside the routed ones (config "overlap": True): the shared

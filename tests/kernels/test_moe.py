@@ -160,6 +160,17 @@ def test_triton_register_capped_config():
     _check_triton(x, router, packed, sw13, sw2, c["E"], c["top_k"], tile_configs=_capped_table())
 
 
+def test_triton_routed_blocks_first():
+    """The routed GEMMs in the grid order they fall back to when their blocks exceed the grid's second
+    dimension (blocks first; N tiles first is the default)."""
+    c = TINY
+    router, packed, sw13, sw2 = _layer(c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=33)
+    x = torch.randn(33, c["H"], generator=torch.Generator().manual_seed(33)).to(DEVICE)
+    g = {"block_n": 32, "block_k": 64, "num_warps": 4, "num_stages": 2, "n_first": False}
+    table = {"buckets": [{"max_tokens": 1 << 30, "block_m": 16, "shared": "triton", "gemm1": g, "gemm2": g}]}
+    _check_triton(x, router, packed, sw13, sw2, c["E"], c["top_k"], tile_configs=json.dumps(table))
+
+
 def test_triton_routing_ties_go_to_lower_index():
     """Duplicate router rows give equal probabilities: both impls must keep the lower expert."""
     c = TINY
