@@ -388,7 +388,7 @@ s17c)
     ;;
 s17d)
     # Session 17, after s17c's profile: moe_gemm_kernel's grid with the N tiles first (GEMM 2 moved 10 GB of
-    # DRAM traffic for 2.9 GB of distinct bytes, the blocks' activations re-read for every N tile): MoE GPU
+    # DRAM traffic for 3.1 GB of distinct bytes, the blocks' activations re-read for every N tile): MoE GPU
     # tests of the tensor-core kernel, the GEMMs per launch at T = 4096, the e2e 8K prefill profiled
     run moe_test 150 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "gpu_bf16 or float32_exact or cuda_graph"
     run moe_tiles 180 python3 bench/moe.py --prefill-tiles 4096 --out "$OUT/moe"
