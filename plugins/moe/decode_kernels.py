@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _block, _e2m1_pair_f16, _expert_weights, _words_tile
+from .kernels import _block, _e2m1_pair_f16, _expert_weights, _program_ids, _words_tile
 
 
 @triton.jit
@@ -214,12 +214,7 @@ def moe_bd_kernel(
     KBP: tl.constexpr = KB if KB * BLOCK_M >= 16 else 16 // BLOCK_M
     C: tl.constexpr = KBP * BLOCK_M
     W: tl.constexpr = BLOCK_K // 8  # uint32 words of codes per row and K step
-    if N_FIRST:  # the programs in flight then stream a few experts' weights, each from end to end
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-    else:
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
+    pid_m, pid_n = _program_ids(N_FIRST)
     e, count, rows, a_rows = _block(
         pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens, TOP_K, KS, ROUTED, GATED, BLOCK_M
     )

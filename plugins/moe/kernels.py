@@ -148,6 +148,25 @@ def combine_kernel(
 
 
 @triton.jit
+def _program_ids(N_FIRST: tl.constexpr):
+    """(pid_m, pid_n) of a GEMM program: the grid is (blocks, N tiles), or with N_FIRST (N tiles, blocks).
+
+    N tiles first suits the routed GEMMs: the programs running at once then share a few blocks'
+    activation rows (re-read from L2, not DRAM, for each N tile) and stream a few experts' weights, each
+    read once per block either way (H200, prefill T = 4096: with blocks first, GEMM 2 moved 10 GB of DRAM
+    traffic for 3.1 GB of distinct bytes, Nsight Compute, s17c; N first took it from 3794 to 3332 us,
+    s17d). Blocks first suits the shared experts: every block reads the same expert, whose tiles are then
+    reused from L2 (with N first, their GEMM 1 went from 1107 to 1221 us at T = 4096, s17d)."""
+    if N_FIRST:
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    return pid_m, pid_n
+
+
+@triton.jit
 def _block(
     pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens,
     TOP_K: tl.constexpr, KS: tl.constexpr, ROUTED: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -300,18 +319,7 @@ def moe_gemm_kernel(
     BLOCK_K: tl.constexpr,
     N_FIRST: tl.constexpr = False,  # the grid's N tiles first (launcher._gemm: the routed GEMMs)
 ):
-    if N_FIRST:
-        # The programs running at once share a few blocks' activation rows (re-read from L2, not DRAM, for
-        # each N tile), and each routed block's expert is read once either way (H200, prefill T = 4096:
-        # with blocks first, GEMM 2 moved 10 GB of DRAM traffic for 3.1 GB of distinct bytes, Nsight
-        # Compute, s17c; N first took it from 3794 to 3332 us, s17d)
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-    else:
-        # blocks first: for the shared experts, every block reads the same expert, whose tiles are then
-        # reused from L2 (with N first, the shared GEMM 1 went from 1107 to 1221 us at T = 4096, s17d)
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
+    pid_m, pid_n = _program_ids(N_FIRST)
     e, count, rows, a_rows = _block(
         pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens, TOP_K, KS, ROUTED, GATED, BLOCK_M
     )

@@ -102,11 +102,16 @@ def _gemm(
                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
     if cfg.get("maxnreg"):  # a register cap per thread, for more programs per SM (see _candidates)
         tiles["maxnreg"] = cfg["maxnreg"]
+    # The grid's N tiles first (kernels._program_ids): by default for the routed "mma" GEMMs, as a config's
+    # "n_first" for "bd"; never for the shared experts or the GEMV, nor where the blocks would not fit the
+    # grid's second dimension.
+    n_first = routed and kernel != "gemv" and bool(cfg.get("n_first", kernel == "mma")) and grid_m <= 65535
+    if n_first:
+        grid = (grid[1], grid[0])
     if kernel == "gemv":
         decode_kernels.moe_gemv_kernel[grid](*args, **tiles)
     elif kernel == "bd":
-        n_first = bool(cfg.get("n_first", False))
-        decode_kernels.moe_bd_kernel[(grid[1], grid[0]) if n_first else grid](
+        decode_kernels.moe_bd_kernel[grid](
             *args,
             STACK_GU=bool(cfg.get("stack_gu", False)),
             K_MAJOR_A=bool(cfg.get("k_major_a", False)),
@@ -115,12 +120,7 @@ def _gemm(
             **tiles,
         )
     else:
-        # the routed GEMMs with N tiles first (moe_gemm_kernel N_FIRST; a config's "n_first": False turns it
-        # off), unless their blocks would not fit the grid's second dimension; the shared ones blocks first
-        n_first = routed and bool(cfg.get("n_first", True)) and grid_m <= 65535
-        kernels.moe_gemm_kernel[(grid[1], grid[0]) if n_first else grid](
-            *args, IEEE=a.dtype == torch.float32, N_FIRST=n_first, **tiles
-        )
+        kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, N_FIRST=n_first, **tiles)
 
 
 # The parts that may run on a side stream beside the routed ones (config "overlap": True): the shared
