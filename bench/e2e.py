@@ -63,6 +63,21 @@ def tier_prompts(tokenizer, bos: int, length: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def user_prompts(prompts: dict[str, torch.Tensor], batch: int, shared: bool) -> list[torch.Tensor]:
+    """`batch` prompts for a decode run: the tiers in turn, each user's rotated by its own offset (after its
+    bos) so that no two users decode the same tokens and route to the same experts; with `shared`, the
+    three tier prompts repeated (every third user decodes the same tokens: the MoE reads far fewer experts
+    than a real batch's, the way runs before session 18 measured)."""
+    tiers = list(prompts.values())
+    out = []
+    for i in range(batch):
+        ids = tiers[i % len(tiers)]
+        if not shared and i >= len(tiers):
+            ids = torch.cat([ids[:1], ids[1:].roll(-97 * (i // len(tiers)))])
+        out.append(ids)
+    return out
+
+
 def timed(fn):
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -80,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt_len", type=int, default=8192)
     ap.add_argument("--output_len", type=int, default=1024)
     ap.add_argument("--batches", default="1,8,32,64", help="batch sizes of the decode throughput runs")
+    ap.add_argument(
+        "--shared_prompts",
+        action="store_true",
+        help="decode batches of the three tier prompts repeated (the runs before session 18), not one prompt "
+        "a user",
+    )
     ap.add_argument(
         "--num_draft_tokens",
         type=int,
@@ -168,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         "eager_pick": args.eager_pick,
         "draft_vocab_size": args.draft_vocab_size or None,
         "tune_max_tokens": args.tune_max_tokens if args.tune_max_tokens < 1 << 30 else None,
+        "decode_prompts": "three tier prompts repeated" if args.shared_prompts else "one a user",
     }
     bound = decode_step_bytes(config, args.prompt_len + args.output_len // 2)
     results["bound"] = {
@@ -362,7 +384,7 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
         )  # fmt: skip
     results["decode"] = {}
     for batch in batches:
-        reqs = [prompts[list(prompts)[i % 3]] for i in range(batch)]
+        reqs = user_prompts(prompts, batch, args.shared_prompts)
         results["decode"][batch], _ = decode_run(llm, reqs, args, profile=batch == args.profile_batch)
         if args.cuda_graphs:
             results["decode"][batch]["graph_stats"] = llm.engine.runner.graph_stats()
@@ -420,7 +442,8 @@ def write_table(r: dict, path: str) -> None:
     lines = [
         f"Command: `{r['command']}`; device {r['device']}; date {r['date']}; preset {r['preset']}; "
         f"build in memory {r['build_s']:.1f} s; CUDA graphs {'on' if r.get('cuda_graphs') else 'off'}; "
-        f"torch.compile {'on' if r.get('compile') else 'off'}; MTP drafts per step {r.get('num_draft_tokens', 0)}.",
+        f"torch.compile {'on' if r.get('compile') else 'off'}; MTP drafts per step {r.get('num_draft_tokens', 0)}; "
+        f"decode batches' prompts: {r.get('decode_prompts', 'three tier prompts repeated')}.",
         "",
         "| measure | ours | bound | fraction of bound |",
         "|---|---|---|---|",

@@ -48,6 +48,8 @@
 #     bash bench/gpu_session.sh s17         # 1 GPU: MoE GPU tests, the e2e prefill with the new NVFP4 decode
 #     bash bench/gpu_session.sh s18         # 1 GPU: the register-capped 8-warp MoE tiles per launch, then the e2e prefill
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
+#     bash bench/gpu_session.sh s18-prmt    # 1 GPU: the NVFP4 decode by byte lookups: tests, GEMMs per launch, e2e
+#     bash bench/gpu_session.sh s18-batch   # 1 GPU: e2e batches 1-64 with one prompt a user, batch 32 shared, profiled
 #     bash bench/gpu_session.sh s17b        # 1 GPU: the NVFP4 prefill decode on words, the combine slot by slot
 #     bash bench/gpu_session.sh s17c        # 1 GPU: the rest of the MoE GPU tests, ncu on the prefill GEMMs
 #     bash bench/gpu_session.sh s17d        # 1 GPU: moe_gemm_kernel's grid N tiles first: tests, GEMMs per launch, e2e
@@ -363,6 +365,30 @@ s18-decode)
     run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
         --batches 1,8,32 --decode_budget_s 6 --reference_peers "" --out "$OUT/e2e"
     pack s18-decode
+    ;;
+s18-prmt)
+    # Session 18: moe_gemm_kernel's NVFP4 decode by byte lookups (inline PTX prmt; bench.sm90_moe: GEMM 1's K
+    # loop 545 -> 450 SASS instructions, GEMM 2's 321 -> 274): its GPU tests (the tile bit for bit, the op
+    # against the reference), the GEMMs per launch with and without it, then the e2e 8K prefill profiled
+    # and the decode at batches 1 and 32 (one prompt a user), compiled
+    run moe_test 110 "${PYTEST[@]}" tests/kernels/test_moe_prmt.py tests/kernels/test_moe.py -m gpu \
+        -k "prmt or (gpu_bf16 and not maxnreg) or float32_exact"
+    run moe_tiles 180 python3 bench/moe.py --prefill-tiles 4096 --out "$OUT/moe"
+    run e2e 250 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
+        --batches 1,32 --decode_budget_s 5 --profile_prefill --reference_peers "" --out "$OUT/e2e"
+    pack s18-prmt
+    ;;
+s18-batch)
+    # Session 18: why batch 32 took ~6 ms a step in some runs and ~10.5 in others (bimodal within run s17-ab
+    # run-a), and the batches with one prompt a user (before, the three tier prompts repeated: every third
+    # user decoded the same tokens, so the MoE read the experts of three tokens): compiled, batches 1 to 64,
+    # a profile at 32; then batch 32 with the shared prompts, profiled
+    run e2e 300 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
+        --batches 1,8,32,64 --decode_budget_s 6 --profile_batch 32 --reference_peers "" --out "$OUT/e2e"
+    run e2e_shared 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile \
+        --output_len 128 --batches 32 --decode_budget_s 6 --profile_batch 32 --shared_prompts --reference_peers "" \
+        --out "$OUT/e2e-shared"
+    pack s18-batch
     ;;
 s17b)
     # Session 17: the NVFP4 prefill decode on uint32 words, two codes at a time (bench.sm90_moe: GEMM 1's K

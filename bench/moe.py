@@ -405,14 +405,15 @@ def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
         json.dump(rows, f, indent=1)
 
 
-# GEMM tiles (block_m, block_n, block_k, warps, stages) for prefill-sized T: tune()'s (launcher._candidates)
-# and others, timed per GEMM (bench/results/gpu-2026-12-01/s16/: the 8K prefill's MoE was 66% of its GPU time)
+# GEMM tiles (block_m, block_n, block_k, warps, stages[, more config keys]) for prefill-sized T: tune()'s
+# (launcher._candidates) and others, timed per GEMM (bench/results/gpu-2026-12-01/s16/: the 8K prefill's MoE
+# was 66% of its GPU time). The NVFP4 decode is by byte lookups unless a tile says {"prmt": False}.
+# Session 17's register-capped tiles were slower (s18) and are gone.
 PREFILL_TILES = [
-    (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (64, 256, 64, 8, 3),  # tune()'s
-    (128, 128, 64, 8, 4), (128, 64, 64, 4, 4), (128, 64, 128, 4, 3), (64, 128, 64, 4, 4),
-    (64, 128, 128, 4, 3), (128, 128, 32, 8, 5), (256, 64, 64, 8, 3), (128, 256, 32, 8, 4),
-    # a sixth value caps the registers per thread (maxnreg): two 8-warp programs an SM (session 17)
-    (128, 64, 64, 8, 3, 128), (128, 64, 64, 8, 4, 128),
+    (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 64, 64, 4, 4),  # tune()'s
+    (128, 64, 64, 4, 4, {"prmt": False}), (128, 128, 64, 4, 4, {"prmt": False}),  # the float32 decode
+    (128, 64, 64, 4, 5), (128, 128, 64, 4, 5), (128, 64, 128, 4, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4),
+    (128, 256, 32, 8, 4), (128, 256, 64, 8, 3),
 ]  # fmt: skip
 
 
@@ -426,12 +427,17 @@ def prefill_tiles(out_dir: str, T: int) -> None:
     flops = {"gemm1 routed": 2 * T * TOP_K * 2 * I * H, "gemm2 routed": 2 * T * TOP_K * I * H,
              "gemm1 shared": 2 * T * S * 2 * I * H, "gemm2 shared": 2 * T * S * I * H}  # fmt: skip
     rows = []
-    for m, n, k, warps, stages, *maxnreg in PREFILL_TILES:
-        g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages}
-        label = f"T={T} m{m} n{n} k{k} w{warps} s{stages}"
-        if maxnreg:
-            g["maxnreg"] = maxnreg[0]
-            label += f" r{maxnreg[0]}"
+    for m, n, k, warps, stages, *more in PREFILL_TILES:
+        g = {
+            "block_n": n,
+            "block_k": k,
+            "num_warps": warps,
+            "num_stages": stages,
+            **(more[0] if more else {}),
+        }
+        label = f"T={T} m{m} n{n} k{k} w{warps} s{stages}" + "".join(
+            f" {key}={v}" for key, v in (more[0] if more else {}).items()
+        )
         cfg = {"block_m": m, "shared": "triton", "gemm1": g, "gemm2": dict(g)}
         try:
             err, times = launch_times(args, cfg, want, lambda name: name in flops)

@@ -37,7 +37,7 @@ LAUNCHES = {  # name: (NVFP4, GATED, N, K)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...]):
+def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...], prmt: bool = False):
     """moe_gemm_kernel compiled for sm_90 as one GEMM launch of the op (routed NVFP4 or shared bf16)."""
     from plugins.moe import kernels
 
@@ -55,7 +55,7 @@ def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...]
     )  # fmt: skip
     constexprs = dict(
         K=K, TOP_K=TOP_K, KS=TOP_K + S, ROUTED=nvfp4, NVFP4=nvfp4, GATED=gated, IEEE=False,
-        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, N_FIRST=nvfp4,
+        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, N_FIRST=nvfp4, PRMT=prmt and nvfp4,
     )  # fmt: skip
     return compile_sm90(
         kernels.moe_gemm_kernel,
@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--tile", default="128,128,64,8,3", help="block_m,block_n,block_k,warps,stages")
+    ap.add_argument(
+        "--float32-decode",
+        action="store_true",
+        help='the NVFP4 launches with the float32 decode (config "prmt": False), not the byte lookups',
+    )
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":  # the tests' interpreted kernels cannot be compiled
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for name, (nvfp4, gated, N, K) in LAUNCHES.items():
-        compiled = compile_gemm(nvfp4, gated, N, K, tile)
+        compiled = compile_gemm(nvfp4, gated, N, K, tile, prmt=not args.float32_decode)
         body, total = loop_body_mix(compiled.asm["cubin"])
         row = {"launch": name, "tile": tile, "shared_bytes": compiled.metadata.shared, "sass_total": total}
         row.update(ptxas_report(compiled.asm["ptx"]))
@@ -127,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "sm90_moe.json"), "w") as f:
         json.dump(rows, f, indent=1)
     lines = [
-        f"# moe_gemm_kernel compiled for sm_90 (`python -m bench.sm90_moe --tile {args.tile}`): the K loop",
+        f"# moe_gemm_kernel compiled for sm_90 (`python -m bench.sm90_moe --tile {args.tile}"
+        f"{' --float32-decode' if args.float32_decode else ''}`): the K loop",
         "",
         "SASS instructions per thread in one K step (the loop body), the most frequent opcodes first.",
         "",

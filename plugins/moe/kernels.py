@@ -13,7 +13,8 @@ rows, so no atomics and a deterministic result.
 3. moe_gemm_kernel: a grouped GEMM over those blocks, out^T = W @ A^T, so the dequantized weight
    tile is the left operand and a block of few tokens is the right one (small BLOCK_M for decode).
    NVFP4 weights are dequantized in registers (W4A16): E2M1 codes, read as uint32 words -> fp16 bits, times the float32
-   block scale times the global scale, as INKLING_SPEC §9. The same kernel runs the bf16 shared
+   block scale times the global scale, as INKLING_SPEC §9. In bf16 on CUDA (PRMT) the codes go to bf16 by
+   byte lookups and times the block scale (exact in bf16), and the global scale multiplies the float32 sums. The same kernel runs the bf16 shared
    experts (ROUTED=False, NVFP4=False). GATED: gate and up tiles, SwiGLU epilogue (GEMM 1);
    otherwise the rows are scaled by their routing weight (GEMM 2).
 
@@ -250,6 +251,89 @@ def _e2m1_pair_f16(words, P: tl.constexpr):
     return lo, hi
 
 
+# E2M1 codes to bf16 by byte lookups (PTX prmt), for `_weight_tile_prmt`. The magnitudes 0, .5, 1, 1.5, 2,
+# 3, 4, 6 as bf16 are 0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0: one prmt looks up
+# four codes' low bytes in an 8-byte table (bytes 0-3 in one operand, 4-7 in the other), another their high
+# bytes, and a third interleaves them into two bf16 pairs. Per uint32 word of 8 codes ($4), four pairs:
+# $0 = (code 0, code 1) (code 0 in the low half), $1 = (2, 3), $2 = (4, 5), $3 = (6, 7). The sign bits go
+# in by one more prmt and an and/or per pair (bit 7 of byte i of the word and of the word shifted by 4 are
+# the signs of codes 2i + 1 and 2i). 14 prmt, 1 shl, 9 and/or per 8 codes. tests/kernels/test_moe_prmt.py
+# runs this PTX through a model of prmt on the CPU and checks the kernel's tile on the GPU.
+_E2M1_BF16_PRMT = tl.constexpr("""
+{
+.reg .b32 m, ca, cb, la, ha, lb, hb, w4, t;
+and.b32 m, $4, 0x77777777;
+prmt.b32 ca, m, m, 0x0020;
+prmt.b32 cb, m, m, 0x0031;
+prmt.b32 la, 0xC0800000, 0xC0804000, ca;
+prmt.b32 ha, 0x3F3F3F00, 0x40404040, ca;
+prmt.b32 lb, 0xC0800000, 0xC0804000, cb;
+prmt.b32 hb, 0x3F3F3F00, 0x40404040, cb;
+prmt.b32 $0, la, ha, 0x5140;
+prmt.b32 $2, la, ha, 0x7362;
+prmt.b32 $1, lb, hb, 0x5140;
+prmt.b32 $3, lb, hb, 0x7362;
+shl.b32 w4, $4, 4;
+prmt.b32 t, w4, $4, 0x4000;
+and.b32 t, t, 0x80008000;
+or.b32 $0, $0, t;
+prmt.b32 t, w4, $4, 0x5010;
+and.b32 t, t, 0x80008000;
+or.b32 $1, $1, t;
+prmt.b32 t, w4, $4, 0x6020;
+and.b32 t, t, 0x80008000;
+or.b32 $2, $2, t;
+prmt.b32 t, w4, $4, 0x7030;
+and.b32 t, t, 0x80008000;
+or.b32 $3, $3, t;
+}
+""")
+
+
+@triton.jit
+def _bf16_halves(pairs):
+    """The low and high bf16 of each uint32."""
+    lo = (pairs & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    hi = (pairs >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _columns(c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Eight [BLOCK_N, BLOCK_K // 8] tensors, tensor p holding columns 8j + p, as [BLOCK_N, BLOCK_K]."""
+    # [BLOCK_N, W, 2, 2, 2] with column 4a + 2b + c at index (a, b, c): column order once flattened
+    w = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+    return tl.reshape(w, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _weight_tile_prmt(w_ptr, ws_ptr, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):  # fmt: skip
+    """[BLOCK_N, BLOCK_K] of E2M1 * block scale in bf16, decoded by `_E2M1_BF16_PRMT` and multiplied by
+    the scale in bf16 pairs (HMUL2): E2M1 times an E4M3 scale has at most 6 significant bits and stays in
+    bf16's range, so the product is exact. The global scale is left to the caller. bench.sm90_moe (128 x 64
+    x 64, 4 warps): GEMM 1's K loop 450 SASS instructions a thread, 545 with `_weight_tile`'s float32
+    decode (codes to fp16, to float32, the scale's product, back to bf16). CUDA only (inline PTX)."""
+    offs_j = tl.arange(0, BLOCK_K // 8)
+    wp = w_ptr.to(tl.pointer_type(tl.uint32))
+    words = tl.load(
+        wp + offs_n[:, None] * (stride_wn // 4) + (k0 // 8 + offs_j)[None, :], mask=n_mask[:, None], other=0
+    )
+    offs_s = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+    scale = tl.load(ws_ptr + offs_n[:, None] * stride_wsn + offs_s[None, :], mask=n_mask[:, None], other=0.0)
+    p01, p23, p45, p67 = tl.inline_asm_elementwise(
+        _E2M1_BF16_PRMT, "=r,=r,=r,=r,r", [words],
+        dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=True, pack=1,
+    )  # fmt: skip
+    c0, c1 = _bf16_halves(p01)
+    c2, c3 = _bf16_halves(p23)
+    c4, c5 = _bf16_halves(p45)
+    c6, c7 = _bf16_halves(p67)
+    w = _columns(c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_N, BLOCK_K)
+    scale = tl.broadcast_to(scale.to(tl.bfloat16)[:, :, None], (BLOCK_N, BLOCK_K // 16, 16))
+    return w * tl.reshape(scale, (BLOCK_N, BLOCK_K))
+
+
 @triton.jit
 def _weight_tile(
     w_ptr,  # this expert's weights
@@ -264,9 +348,13 @@ def _weight_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DTYPE: tl.constexpr,
+    PRMT: tl.constexpr = False,
 ):
-    """[BLOCK_N, BLOCK_K] of W (rows offs_n, columns k0..k0+BLOCK_K-1) in DTYPE."""
-    if NVFP4:
+    """[BLOCK_N, BLOCK_K] of W (rows offs_n, columns k0..k0+BLOCK_K-1) in DTYPE. PRMT (bf16 on CUDA):
+    `_weight_tile_prmt`, whose tile leaves out the global scale (the caller applies it to its sums)."""
+    if NVFP4 and PRMT:
+        return _weight_tile_prmt(w_ptr, ws_ptr, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_N, BLOCK_K)
+    elif NVFP4:
         # the words decoded two codes at a time, then put back in column order (bench.sm90_moe: GEMM 1's K
         # loop took 848 instructions per thread with a nibble split per code, 658 with one code per 16-bit
         # value, 545 this way)
@@ -277,10 +365,9 @@ def _weight_tile(
         c1, c5 = _e2m1_pair_f16(words, 1)
         c2, c6 = _e2m1_pair_f16(words, 2)
         c3, c7 = _e2m1_pair_f16(words, 3)
-        # [BLOCK_N, W, 2, 2, 2] with code 4a + 2b + c at index (a, b, c): column order once flattened
-        w = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+        w = _columns(c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_N, BLOCK_K)
         scale = tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16))
-        w = tl.reshape(w, (BLOCK_N, BLOCK_K)).to(tl.float32) * tl.reshape(scale, (BLOCK_N, BLOCK_K))
+        w = w.to(tl.float32) * tl.reshape(scale, (BLOCK_N, BLOCK_K))
         return w.to(DTYPE)
     else:
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -318,6 +405,7 @@ def moe_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     N_FIRST: tl.constexpr = False,  # the grid's N tiles first (launcher._gemm: the routed GEMMs)
+    PRMT: tl.constexpr = False,  # NVFP4 in bf16 on CUDA: `_weight_tile_prmt`, the global scales on the sums
 ):
     pid_m, pid_n = _program_ids(N_FIRST)
     e, count, rows, a_rows = _block(
@@ -339,8 +427,9 @@ def moe_gemm_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + a_rows[None, :] * stride_at + offs_k[:, None], mask=m_mask[None, :], other=0.0)
         w = _weight_tile(
-            w_base, ws_base, g_gate, offs_n, n_mask, k0, stride_wn, stride_wsn, NVFP4, BLOCK_N, BLOCK_K, DTYPE
-        )
+            w_base, ws_base, g_gate, offs_n, n_mask, k0, stride_wn, stride_wsn, NVFP4, BLOCK_N, BLOCK_K, DTYPE,
+            PRMT,
+        )  # fmt: skip
         if IEEE:
             acc = tl.dot(w, a, acc, input_precision="ieee")
         else:
@@ -348,12 +437,15 @@ def moe_gemm_kernel(
         if GATED:
             wu = _weight_tile(
                 w_base + N * stride_wn, ws_base + N * stride_wsn, g_up, offs_n, n_mask, k0,
-                stride_wn, stride_wsn, NVFP4, BLOCK_N, BLOCK_K, DTYPE,
+                stride_wn, stride_wsn, NVFP4, BLOCK_N, BLOCK_K, DTYPE, PRMT,
             )  # fmt: skip
             if IEEE:
                 acc_u = tl.dot(wu, a, acc_u, input_precision="ieee")
             else:
                 acc_u = tl.dot(wu, a, acc_u)
+    if NVFP4 and PRMT:  # W = (E2M1 * block scale) * global scale: the last factor on the float32 sums
+        acc = acc * g_gate
+        acc_u = acc_u * g_up
 
     if GATED:
         # SwiGLU in the activation dtype's spirit: silu(gate) * up, computed in float32.

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.testing
 
+from ..triton_utils import interpreting
 from . import decode_kernels, kernels
 
 # The routed GEMMs' kernels: "mma" the tensor-core grouped GEMM; "gemv" decode rows on CUDA cores;
@@ -120,7 +121,12 @@ def _gemm(
             **tiles,
         )
     else:
-        kernels.moe_gemm_kernel[grid](*args, IEEE=a.dtype == torch.float32, N_FIRST=n_first, **tiles)
+        # NVFP4 codes decoded by byte lookups (kernels._weight_tile_prmt): bf16 on CUDA, unless a config says
+        # "prmt": False (the float32 decode, for comparison); inline PTX has no interpreter form
+        prmt = nvfp4 and a.dtype == torch.bfloat16 and not interpreting() and bool(cfg.get("prmt", True))
+        kernels.moe_gemm_kernel[grid](
+            *args, IEEE=a.dtype == torch.float32, N_FIRST=n_first, PRMT=prmt, **tiles
+        )
 
 
 # The parts that may run on a side stream beside the routed ones (config "overlap": True): the shared
@@ -358,13 +364,9 @@ def _candidates(T: int) -> list[dict]:
         g2 = {"block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4}
         for shared in ("triton", "torch"):
             out.append({"block_m": 128, "shared": shared, "gemm1": g1, "gemm2": dict(g2)})
-        # Two 8-warp programs an SM instead of 8 warps in all: Nsight Compute found the routed GEMM 1 at
-        # that tile latency-bound with two warps a scheduler (244 registers a thread; s17c). Capped at 128
-        # registers, 8 warps on (128, 64, 64) compile without spills in the K loop and without serialized
-        # wgmma (python -m bench.sm90_moe --tile 128,64,64,8,3,128). Not yet timed on the GPU.
-        capped = {"block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128}
-        out.append({"block_m": 128, "shared": "torch", "gemm1": capped, "gemm2": dict(g2)})
-        out.append({"block_m": 128, "shared": "torch", "gemm1": capped, "gemm2": dict(capped)})
+        # Not candidates (H200, routed GEMMs alone at T = 4096, bench/results/gpu-2026-12-01/s18/): 8 warps
+        # capped at 128 registers (two programs an SM; "maxnreg", still a config key) on (128, 64, 64): GEMM 1
+        # 8.8 ms against 7.3 at this g1, GEMM 2 4.7-4.8 against 3.2 at this g2.
     if T <= 16:
         # the CUDA-core GEMV of the routed experts: rows per block (1 at batch 1; a few when an expert's
         # decode rows share one weight read), rows of W per program, columns per step; the shared
@@ -396,13 +398,8 @@ def _candidates(T: int) -> list[dict]:
             for shared in ("triton", "torch"):
                 out.append({"block_m": 1, "kernel": "bd", "shared": shared,
                             "gemm1": {**tile, **g1}, "gemm2": {**tile, **g2}})  # fmt: skip
-        # `n_first`: the grid's N tiles first. For moe_gemm_kernel's routed GEMMs that order cut tune()'s
-        # T = 64 op from 4560 to 3687 us (same tiles; s17-ab/fe152a8 against s17e), and batch 32's decode
-        # step from 10.4 to about 6 ms. Not yet timed for this kernel.
-        for g1, g2 in [({**stack, **one}, kmaj), ({**stack, **one}, one)]:
-            nf = {"n_first": True}
-            out.append({"block_m": 1, "kernel": "bd", "shared": "triton",
-                        "gemm1": {**tile, **g1, **nf}, "gemm2": {**tile, **g2, **nf}})  # fmt: skip
+        # `n_first` (the grid's N tiles first, a config key) gave nothing here: 53.96 against 53.99 us for
+        # GEMM 1 and 38.4 against 38.6 for GEMM 2 at T = 1 (s18-decode), so it is not a candidate.
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (expert_sink_moe's
         # docstring), for the decode kernels and the small tensor-core tiles

@@ -2,7 +2,9 @@
 
 import json
 
-from bench.e2e import main
+import torch
+
+from bench.e2e import main, user_prompts
 
 
 def test_e2e_benchmark_smoke(tmp_path):
@@ -143,3 +145,21 @@ def test_sm90_moe_report_smoke(tmp_path):
     rows = {r["launch"]: r for r in json.loads((tmp_path / "sm90_moe.json").read_text())}
     assert all(r["loop_mix"].get("HGMMA", 0) > 0 for r in rows.values()), rows
     assert rows["gemm1 routed (NVFP4)"]["loop_body"] > 2 * rows["gemm1 shared (bf16)"]["loop_body"]
+    # the NVFP4 decode by byte lookups (inline PTX, assembled here): bf16 products, no float32 ones
+    mix = rows["gemm1 routed (NVFP4)"]["loop_mix"]
+    assert mix.get("PRMT", 0) >= 64 and mix.get("HMUL2", 0) > 0 and "FMUL" not in mix, mix
+
+
+def test_decode_batches_have_one_prompt_a_user():
+    """A decode batch's users each decode their own prompt (the MoE reads the experts a real batch routes
+    to); --shared_prompts repeats the three tier prompts, as runs before session 18 did."""
+    tiers = {
+        t: torch.cat([torch.tensor([1]), torch.randperm(500)[:300] + 2]) for t in ("low", "mixed", "high")
+    }
+    users = user_prompts(tiers, 32, shared=False)
+    assert len({tuple(u.tolist()) for u in users}) == 32
+    assert all(len(u) == 301 and u[0] == 1 and sorted(u.tolist()) == sorted(tiers[t].tolist())
+               for u, t in zip(users, ["low", "mixed", "high"] * 11))  # fmt: skip
+    assert users[:3] == list(tiers.values())
+    shared = user_prompts(tiers, 32, shared=True)
+    assert len({tuple(u.tolist()) for u in shared}) == 3

@@ -147,8 +147,10 @@ def test_triton_matches_reference(T):
 
 
 def _capped_table() -> str:
-    """tune()'s prefill candidate with both GEMMs register-capped (maxnreg), as a one-bucket table."""
-    cfg = next(c for c in moe_launcher._candidates(4096) if c["gemm2"].get("maxnreg"))
+    """A prefill config with both GEMMs register-capped (maxnreg: two 8-warp programs an SM; session 17's
+    candidate, slower on the H200 in s18), as a one-bucket table."""
+    g = {"block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128}
+    cfg = {"block_m": 128, "shared": "torch", "gemm1": g, "gemm2": dict(g)}
     return json.dumps({"buckets": [dict(cfg, max_tokens=1 << 30)]})
 
 
