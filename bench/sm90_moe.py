@@ -1,6 +1,7 @@
 """What the MoE grouped GEMM's main loop compiles to on an H200 (sm_90), read on a machine without a GPU.
 
-    python -m bench.sm90_moe --out DIR [--tile 128,128,64,8,3[,maxnreg]]
+    python -m bench.sm90_moe --out DIR [--tile 128,128,64,8,3[,maxnreg]] [--float32-decode]
+    python -m bench.sm90_moe --out DIR --bd [--tile 1,64,256,4,3]     # the decode kernel at T = 1
 
 Compiles `moe_gemm_kernel` (plugins/moe/kernels.py) for sm_90 at a prefill tile (block_m, block_n, block_k,
 warps, stages, and optionally a register cap per thread; tune()'s choice at T = 4096 on the H200 by default) as three launches of inkling-bench's
@@ -69,6 +70,35 @@ def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...]
     )
 
 
+# The decode kernel's launches at batch 1 (`--bd`): tune()'s choice on the H200 (stack_gu + one_dot for GEMM 1,
+# k_major_a for GEMM 2; launcher._candidates, bench/results/gpu-2026-12-01/s18-decode/)
+BD_LAUNCHES = {  # name: (GATED, N, K, flags)
+    "gemm1 routed (bd, T = 1)": (True, I, H, {"STACK_GU": True, "ONE_DOT": True}),
+    "gemm2 routed (bd, T = 1)": (False, H, I, {"K_MAJOR_A": True}),
+}
+
+
+def compile_bd(gated: bool, N: int, K: int, tile: tuple[int, ...], flags: dict):
+    """moe_bd_kernel compiled for sm_90 as one routed launch of the op at T = 1 (1-row blocks)."""
+    from plugins.moe import decode_kernels
+
+    m, n, k, warps, stages = tile[:5]
+    pointers = {
+        "a_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*fp8e4nv", "wg_ptr": "*fp32", "out_ptr": "*bf16",
+        "sorted_rows_ptr": "*i32", "expert_ids_ptr": "*i32", "block_rows_ptr": "*i32", "route_w_ptr": "*fp32",
+    }  # fmt: skip
+    rows = 2 * N if gated else N
+    ints = dict(
+        stride_at=K, stride_we=rows * (K // 2), stride_wn=K // 2, stride_wse=rows * (K // 16), stride_wsn=K // 16,
+        stride_ot=N, num_tokens=1, N=N,
+    )  # fmt: skip
+    constexprs = dict(
+        K=K, TOP_K=TOP_K, KS=TOP_K + S, ROUTED=True, NVFP4=True, GATED=gated, BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
+        **flags,
+    )  # fmt: skip
+    return compile_sm90(decode_kernels.moe_bd_kernel, pointers, ints, (), constexprs, warps, stages)
+
+
 def programs_per_sm(registers: int, shared_bytes: int, warps: int) -> int:
     """How many programs an H100/H200 SM holds at once: 64K registers (allocated per warp in blocks of 256,
     i.e. per thread in multiples of 8), 228 KB of shared memory (1 KB of it reserved per program), 64 warps."""
@@ -103,7 +133,10 @@ def loop_body_mix(cubin: bytes) -> tuple[collections.Counter, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tile", default="128,128,64,8,3", help="block_m,block_n,block_k,warps,stages")
+    ap.add_argument(
+        "--tile", help="block_m,block_n,block_k,warps,stages (default 128,128,64,8,3; with --bd 1,64,256,4,3)"
+    )
+    ap.add_argument("--bd", action="store_true", help="the decode kernel moe_bd_kernel's launches at T = 1")
     ap.add_argument(
         "--float32-decode",
         action="store_true",
@@ -116,11 +149,22 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run(
             [sys.executable, "-m", "bench.sm90_moe", *argv], env=env, check=False
         ).returncode
+    args.tile = args.tile or ("1,64,256,4,3" if args.bd else "128,128,64,8,3")
     tile = tuple(int(v) for v in args.tile.split(","))
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    for name, (nvfp4, gated, N, K) in LAUNCHES.items():
-        compiled = compile_gemm(nvfp4, gated, N, K, tile, prmt=not args.float32_decode)
+    if args.bd:
+        launches = {
+            name: lambda g=g, N=N, K=K, f=f: compile_bd(g, N, K, tile, f)
+            for name, (g, N, K, f) in BD_LAUNCHES.items()
+        }
+    else:
+        launches = {
+            name: lambda nv=nv, g=g, N=N, K=K: compile_gemm(nv, g, N, K, tile, prmt=not args.float32_decode)
+            for name, (nv, g, N, K) in LAUNCHES.items()
+        }
+    for name, compile_launch in launches.items():
+        compiled = compile_launch()
         body, total = loop_body_mix(compiled.asm["cubin"])
         row = {"launch": name, "tile": tile, "shared_bytes": compiled.metadata.shared, "sass_total": total}
         row.update(ptxas_report(compiled.asm["ptx"]))
@@ -132,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "sm90_moe.json"), "w") as f:
         json.dump(rows, f, indent=1)
     lines = [
-        f"# moe_gemm_kernel compiled for sm_90 (`python -m bench.sm90_moe --tile {args.tile}"
-        f"{' --float32-decode' if args.float32_decode else ''}`): the K loop",
+        f"# {'moe_bd_kernel' if args.bd else 'moe_gemm_kernel'} compiled for sm_90 (`python -m bench.sm90_moe "
+        f"--tile {args.tile}{' --bd' if args.bd else ''}{' --float32-decode' if args.float32_decode else ''}`): "
+        "the K loop",
         "",
         "SASS instructions per thread in one K step (the loop body), the most frequent opcodes first.",
         "",

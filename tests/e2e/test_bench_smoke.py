@@ -148,6 +148,10 @@ def test_sm90_moe_report_smoke(tmp_path):
     # the NVFP4 decode by byte lookups (inline PTX, assembled here): bf16 products, no float32 ones
     mix = rows["gemm1 routed (NVFP4)"]["loop_mix"]
     assert mix.get("PRMT", 0) >= 64 and mix.get("HMUL2", 0) > 0 and "FMUL" not in mix, mix
+    # the decode kernel at T = 1 (tune()'s flags): tensor-core instructions in both launches' loops
+    assert sm90_moe_main(["--bd", "--out", str(tmp_path / "bd")]) == 0
+    bd = json.loads((tmp_path / "bd" / "sm90_moe.json").read_text())
+    assert len(bd) == 2 and all(r["loop_mix"].get("HGMMA", 0) > 0 for r in bd), bd
 
 
 def test_decode_batches_have_one_prompt_a_user():
