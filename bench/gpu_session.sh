@@ -48,6 +48,7 @@
 #     bash bench/gpu_session.sh s17         # 1 GPU: MoE GPU tests, the e2e prefill with the new NVFP4 decode
 #     bash bench/gpu_session.sh s18         # 1 GPU: the register-capped 8-warp MoE tiles per launch, then the e2e prefill
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
+#     bash bench/gpu_session.sh s19-profile # 1 GPU: a profile of the batch-1 decode step (compiled), prefill untuned
 #     bash bench/gpu_session.sh s18-prmt    # 1 GPU: the NVFP4 decode by byte lookups: tests, GEMMs per launch, e2e
 #     bash bench/gpu_session.sh s18-batch   # 1 GPU: e2e batches 1-64 with one prompt a user, batch 32 shared, profiled
 #     bash bench/gpu_session.sh s17b        # 1 GPU: the NVFP4 prefill decode on words, the combine slot by slot
@@ -365,6 +366,13 @@ s18-decode)
     run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
         --batches 1,8,32 --decode_budget_s 6 --reference_peers "" --out "$OUT/e2e"
     pack s18-decode
+    ;;
+s19-profile)
+    # Session 18 (for the next): a fresh profile of the batch-1 decode step as it runs now (compiled, byte-
+    # lookup prefill decode, bd at T = 1), for the 80% goal's budget per kernel; the prefill buckets untuned
+    run e2e 230 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 64 \
+        --batches 1 --decode_budget_s 4 --profile_batch 1 --tune_max_tokens 16 --reference_peers "" --out "$OUT/e2e"
+    pack s19-profile
     ;;
 s18-prmt)
     # Session 18: moe_gemm_kernel's NVFP4 decode by byte lookups (inline PTX prmt; bench.sm90_moe: GEMM 1's K
