@@ -97,6 +97,8 @@ class Drafter:
         slots, H = runner.build.max_batch_size, self.config.hidden_size
         levels = max(self.num_heads, 1)
         self.hidden_ring = torch.zeros(levels, slots, HIDDEN_RING, H, dtype=self.dtype, device=self.device)
+        # each (level, slot)'s ring as a view made once: a write or read is then one slice, not three
+        self.rings = [list(self.hidden_ring[level].unbind(0)) for level in range(levels)]
         self.ring_end = [[0] * slots for _ in range(levels)]
         self.draft_impl = runner.engine.config["plugin_config"]["impls"].get("mtp_draft", "reference")
         # The draft pick's lm_head: every real row, or the rows of the engine's draft vocabulary (its own
@@ -172,17 +174,23 @@ class Drafter:
         for earlier drafts and writes its picks into `drafted` (`head_and_pick`), all in one CUDA graph
         (runner.draft_graphs) where there are graphs: the host launches nothing else for it. Without
         draft graphs (bench.e2e --eager_pick) the head's graph runs between the two, launched apart."""
+        # The rows stay in the graph's output buffer (copy=False): this round reads them before head m
+        # replays again (run: the ring and head m + 1 copy them).
         if drafting and self.runner.draft_graphs is not None:
-            return self.runner.draft_graphs(args, variant=m)[0]
+            return self.runner.draft_graphs(args, variant=m, copy=False)[0]
         n = len(args) - 4 if drafting else len(args)  # HeadProgram's arguments, then HEAD_PICK_ARGS' four
         graphs = self.runner.head_graphs
         # The graphs stage the ragged arguments from the host themselves (cu_seqlens and seq_lens must stay
         # there); the program without graphs takes them on the device.
         head_args = list(args[:n]) if graphs is not None else [on_device(a, self.device) for a in args[:n]]
         if drafting:
-            pick_rows, pick_dst, hole_src, drafted = (a.to(self.device) for a in args[n:])
-            head_args[2] = self._fill_holes(head_args[2].to(self.device), hole_src, drafted)
-        out = graphs(head_args, variant=m)[0] if graphs is not None else self.runner.head(*head_args)
+            pick_rows, pick_dst, hole_src, drafted = (on_device(a, self.device) for a in args[n:])
+            head_args[2] = self._fill_holes(on_device(head_args[2], self.device), hole_src, drafted)
+        out = (
+            graphs(head_args, variant=m, copy=False)[0]
+            if graphs is not None
+            else self.runner.head(*head_args)
+        )
         if drafting:
             self._store_picks(head_args[0], out, pick_rows, pick_dst, drafted)
         return out
@@ -253,18 +261,20 @@ class Drafter:
             table[j, : len(blocks)] = blocks
             slots[lo : lo + end - start] = slot_mapping(table[j], np.arange(start, end), bs)
         mm_embeds, mm_positions = media_splice(mm_rows, mm_pos, self.runner.splice_row, T)
+        # The host arguments as NumPy arrays: the graphs stage them as they are, and only a call without
+        # graphs makes tensors of them (step_graphs.on_device).
         args = [
             self.runner.head_weights[m - 1],
             h_prev[0] if len(h_prev) == 1 else torch.cat(h_prev),
-            torch.from_numpy(ids),
+            ids,
             mm_embeds,
             mm_positions,
-            torch.from_numpy(cu),
-            torch.tensor([end for _, _, end in items], dtype=torch.int32),
-            torch.from_numpy(table),
-            torch.from_numpy(slots),
-            torch.tensor([work[i].seq.slot for i, _, _ in items], dtype=torch.int32),
-            torch.zeros(int(lens.max()), dtype=torch.int8),
+            cu,
+            np.array([end for _, _, end in items], dtype=np.int32),
+            table,
+            slots,
+            np.array([work[i].seq.slot for i, _, _ in items], dtype=np.int32),
+            np.zeros(int(lens.max()), dtype=np.int8),
             self.runner.head_key_caches[m - 1],
             self.runner.head_value_caches[m - 1],
             self.runner.head_conv_states[m - 1],
@@ -273,13 +283,7 @@ class Drafter:
             dst = np.full(len(items), -1, dtype=np.int64)
             for j in drafting:
                 dst[j] = items[j][0] * stride + m - 1
-            pick_rows = cu[1:].astype(np.int64) - 1
-            args += [
-                torch.from_numpy(pick_rows),
-                torch.from_numpy(dst),
-                torch.from_numpy(hole_src),
-                self.drafted,
-            ]
+            args += [cu[1:].astype(np.int64) - 1, dst, hole_src, self.drafted]
         return args, cu
 
     def _ring_write(self, level: int, slot: int, start: int, rows: torch.Tensor | None) -> None:
@@ -289,7 +293,7 @@ class Drafter:
         keep = min(rows.shape[0], HIDDEN_RING)
         end = start + rows.shape[0]
         for (a, b), part in zip(_ring_spans(end - keep, end), _split_at(rows[-keep:], end - keep)):
-            self.hidden_ring[level, slot, a:b] = part
+            self.rings[level][slot][a:b].copy_(part)
         self.ring_end[level][slot] = end
 
     def _head_inputs(
@@ -306,7 +310,8 @@ class Drafter:
                     f"MTP hidden ring of level {level} holds positions [{ring_end - HIDDEN_RING}, {ring_end}), "
                     f"head needs [{start}, {split})"
                 )
-            parts += [self.hidden_ring[level, slot, a:b] for a, b in _ring_spans(start, split)]
+            ring = self.rings[level][slot]
+            parts += [ring[a:b] for a, b in _ring_spans(start, split)]
         if end > split:
             parts.append(fresh_rows[split - fresh_start : end - fresh_start])
         return parts

@@ -230,17 +230,17 @@ def stage_ragged(args: list, spec: RaggedArgs, B: int, T: int, Q: int, dst: dict
     are the caller's to copy. cu_seqlens_q and seq_lens must be host tensors (the host knows a batch's
     shape)."""
     cu, seq_lens = args[spec.cu], args[spec.seq_lens]
-    if cu.device.type != "cpu" or seq_lens.device.type != "cpu":
+    if not (on_host(cu) and on_host(seq_lens)):
         raise ValueError("cu_seqlens_q and seq_lens of a graphed call must be host tensors")
     q_lens = np.array(padding_q_lens(args, spec, B, T, Q), dtype=np.int64)
     for i, d, v in sized_args(spec):
-        if args[i].device.type == "cpu":
-            _put_padded(dst[i], tensor_bits(args[i]), d, _pad_bits(v, args[i].dtype))
+        if on_host(args[i]):
+            _put_padded(dst[i], host_bits(args[i]), d, _pad_bits(v, torch_dtype(args[i])))
     num_seqs = seq_lens.shape[0]
     cu_out, lens_out = dst[spec.cu], dst[spec.seq_lens]
-    cu_out[: num_seqs + 1] = cu.numpy()
+    cu_out[: num_seqs + 1] = host_bits(cu)
     cu_out[num_seqs + 1 :] = cu_out[num_seqs] + np.cumsum(q_lens)
-    lens_out[:num_seqs] = seq_lens.numpy()
+    lens_out[:num_seqs] = host_bits(seq_lens)
     lens_out[num_seqs:] = q_lens
 
 
@@ -267,6 +267,33 @@ def tensor_bits(x: torch.Tensor) -> np.ndarray:
     """A host tensor as a NumPy array of its bits (`_bits_of`)."""
     bits = _bits_of(x.dtype)[0]
     return (x if bits == x.dtype else x.view(bits)).numpy()
+
+
+def on_host(x: torch.Tensor | np.ndarray) -> bool:
+    """Whether a ragged argument is on the host: a NumPy array (what the MTP drafter passes, saving a
+    torch operator each way) or a host tensor."""
+    return isinstance(x, np.ndarray) or x.device.type == "cpu"
+
+
+def host_bits(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A host argument's bits as NumPy (`tensor_bits`); a NumPy array of an integer dtype as it is."""
+    if isinstance(x, np.ndarray):
+        return x if x.dtype.kind in "iub" else tensor_bits(torch.from_numpy(x))
+    return tensor_bits(x)
+
+
+@functools.cache
+def _torch_dtype_of(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+def torch_dtype(x: torch.Tensor | np.ndarray) -> torch.dtype:
+    return _torch_dtype_of(x.dtype) if isinstance(x, np.ndarray) else x.dtype
+
+
+def as_tensor(x: Any) -> Any:
+    """A NumPy argument as a host tensor (sharing its memory); anything else as it is."""
+    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
 
 
 def bits_dtype(dtype: torch.dtype) -> np.dtype:
@@ -373,8 +400,11 @@ class StepGraphs:
         num_seqs, max_q = args[self.spec.seq_lens].shape[0], args[self.spec.q_bound].shape[0]
         return choose_bucket(num_seqs, self._num_tokens(args), max_q, self.batch, self.tokens, self.qs)
 
-    def __call__(self, args: list, variant: Hashable = None) -> tuple[torch.Tensor, ...]:
-        """The program's outputs (a tuple) for `args`; ragged inputs may be host tensors."""
+    def __call__(self, args: list, variant: Hashable = None, copy: bool = True) -> tuple[torch.Tensor, ...]:
+        """The program's outputs (a tuple) for `args`; ragged inputs may be host tensors or NumPy arrays.
+        The outputs are copies of the real rows; with `copy` False, views of the bucket's own outputs,
+        which the next call of the same bucket overwrites (for a caller done with them by then: the MTP
+        drafter, whose head m replays once a round and whose rows are copied or consumed within it)."""
         bucket = self.bucket(args)
         if bucket is None:
             self.stats.eager += 1
@@ -383,7 +413,7 @@ class StepGraphs:
         key = (variant, B, T, Q)
         entry = self.buckets.get(key) or self._make(key, args, B, T, Q)
         for i, a in enumerate(args):
-            if not isinstance(a, torch.Tensor) and a is not entry.args[i]:
+            if not isinstance(a, (torch.Tensor, np.ndarray)) and a is not entry.args[i]:
                 raise RuntimeError(f"argument {i} is not the object bucket {key} was made with")
         self._stage(entry, args, B, T, Q)
         if entry.graph is not None:
@@ -396,7 +426,10 @@ class StepGraphs:
         if self.spec.logits is not None:
             real["N"] = args[self.spec.logits].shape[0]
         # Copies: the next replay of this graph overwrites its outputs.
-        return tuple(o[: real[kind]].clone() for o, kind in zip(outputs, self.spec.outputs))
+        return tuple(
+            o[: real[kind]].clone() if copy else o[: real[kind]]
+            for o, kind in zip(outputs, self.spec.outputs)
+        )
 
     def _stage(self, entry: _Bucket, args: list, B: int, T: int, Q: int) -> None:
         """Copy the call's ragged inputs, padded, into the bucket's buffers: the host ones by one copy of
@@ -409,7 +442,7 @@ class StepGraphs:
             stage_ragged(args, self.spec, B, T, Q, entry.bit_views(stage.numpy()))
             entry.flat.copy_(stage, non_blocking=True)
         for i, d, v in sized_args(self.spec):
-            if args[i].device.type != "cpu":
+            if not on_host(args[i]):
                 copy_padded(entry.args[i], args[i], d, v)
 
     def _num_tokens(self, args: list) -> int:
@@ -420,6 +453,7 @@ class StepGraphs:
     def _make(self, key: Hashable, args: list, B: int, T: int, Q: int) -> _Bucket:
         """The bucket's static buffers, holding a batch of padding only (it writes no cache or state,
         so the warm-up runs are harmless), and in graph mode the captured graph."""
+        args = [as_tensor(a) for a in args]
         static = [on_device(a, self.device) for a in empty_batch(args, self.spec)]
         padded = pad_ragged(empty_batch(args, self.spec), self.spec, B, T, Q)
         for i, x in padded.items():
@@ -457,6 +491,7 @@ class StepGraphs:
 def on_device(x: Any, device: torch.device) -> Any:
     """x on `device` where it is a tensor; anything else as it is (ModelRunner.to_device is the pinned,
     asynchronous copy of a host tensor)."""
+    x = as_tensor(x)
     return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
