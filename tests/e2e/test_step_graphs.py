@@ -126,7 +126,9 @@ def test_staging_equals_pad_ragged(q_lens, bucket):
         for i, x in dst.items():
             assert torch.equal(x, want[i]), (spec is HEAD_ARGS, i, x, want[i])
         # the MTP drafter passes its host arguments as NumPy arrays: the same bytes staged
-        as_numpy = [x.numpy() if isinstance(x, torch.Tensor) and x.dtype != torch.bfloat16 else x for x in args]
+        as_numpy = [
+            x.numpy() if isinstance(x, torch.Tensor) and x.dtype != torch.bfloat16 else x for x in args
+        ]
         dst = {i: torch.full_like(want[i], 77) for i in ragged_indices(spec)}
         stage_ragged(as_numpy, spec, B, T, Q, {i: tensor_bits(x) for i, x in dst.items()})
         for i, x in dst.items():
