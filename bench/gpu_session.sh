@@ -48,6 +48,7 @@
 #     bash bench/gpu_session.sh s17         # 1 GPU: MoE GPU tests, the e2e prefill with the new NVFP4 decode
 #     bash bench/gpu_session.sh s18         # 1 GPU: the register-capped 8-warp MoE tiles per launch, then the e2e prefill
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
+#     bash bench/gpu_session.sh s19-check   # 1 GPU: session 18's unchecked changes: engine GPU tests, bench.host, MTP round
 #     bash bench/gpu_session.sh s19-profile # 1 GPU: a profile of the batch-1 decode step (compiled), prefill untuned
 #     bash bench/gpu_session.sh s18-prmt    # 1 GPU: the NVFP4 decode by byte lookups: tests, GEMMs per launch, e2e
 #     bash bench/gpu_session.sh s18-batch   # 1 GPU: e2e batches 1-64 with one prompt a user, batch 32 shared, profiled
@@ -366,6 +367,19 @@ s18-decode)
     run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
         --batches 1,8,32 --decode_budget_s 6 --reference_peers "" --out "$OUT/e2e"
     pack s18-decode
+    ;;
+s19-check)
+    # Session 18 (for the next, first): what session 18 changed and could not check on the GPU. The engine's
+    # GPU tests (engine against the reference; MTP and CUDA graphs, where the head graphs now return views
+    # of their output rows) with the byte-lookup prefill decode, bench.host (the drafter's NumPy arguments),
+    # then the e2e 3-draft MTP round (compiled, draft graphs) against s17-mtp's 8.22 ms
+    run engine_test 280 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py -k "mtp or bfloat16"
+    tiny_engine /tmp/engine-cuda >"$OUT/tiny_build.log" 2>&1
+    run host 60 python3 -m bench.host --engine /tmp/engine-cuda --batch 1 8 --drafts 0 3 --out "$OUT/host"
+    run e2e_mtp 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile \
+        --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --output_len 128 --batches 1 \
+        --tune_max_tokens 4 --decode_budget_s 10 --profile_batch 1 --reference_peers "" --out "$OUT/e2e-mtp"
+    pack s19-check
     ;;
 s19-profile)
     # Session 18 (for the next): a fresh profile of the batch-1 decode step as it runs now (compiled, byte-
