@@ -58,6 +58,22 @@ def decode_step_bytes(
     return StepBytes(weights, rel, kv, -(-c.vocab_size // n) * H * BF16)
 
 
+def expected_distinct_experts(c: InklingConfig, tokens: int) -> float:
+    """Routed experts a layer touches for `tokens` tokens with distinct routing, if each picks its top-k
+    uniformly: E · (1 − (1 − k/E)^tokens). Random synthetic routers come close to uniform; a trained router
+    concentrates more, so this is an upper estimate."""
+    E, k = c.num_routed_experts, c.num_experts_per_tok
+    return E * (1 - (1 - k / E) ** tokens)
+
+
+def decode_batch_seconds(c: InklingConfig, kv_len: int, batch: int) -> float:
+    """The bound of one decode step of `batch` sequences with `kv_len` tokens of context each: the weights
+    once (the routed experts of `expected_distinct_experts`), lm_head once, each sequence's KV and relative
+    rows."""
+    one = decode_step_bytes(c, kv_len, distinct_experts=round(expected_distinct_experts(c, batch)))
+    return (one.weights + one.lm_head + batch * (one.rel_embed + one.kv)) / BANDWIDTH
+
+
 def prefill_flops(c: InklingConfig, num_tokens: int) -> float:
     """Matrix FLOPs of a prefill of `num_tokens` (2 per multiply-add): the linears a token runs, the
     attention over its allowed keys, and its relative term r·E."""

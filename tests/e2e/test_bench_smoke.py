@@ -20,7 +20,11 @@ def test_e2e_benchmark_smoke(tmp_path):
     assert r["reference"]["eager"]["s_per_token"] > 0
     assert "4 decode steps at batch 2" in (tmp_path / "profile_batch2.txt").read_text()
     assert "1 prefill of 96 tokens" in (tmp_path / "profile_prefill.txt").read_text()
-    assert "time to first token" in (tmp_path / "results.md").read_text()
+    table = (tmp_path / "results.md").read_text()
+    assert "time to first token" in table
+    bounds = r["bound"]["decode_batch_step_s"]  # batch 2: more experts and KV than batch 1, less than twice
+    assert bounds["1"] < bounds["2"] < 2 * bounds["1"] and "| throughput tokens/s, batch 2 |" in table
+    assert f"(step {bounds['2'] * 1e3:.3g} ms)" in table
     assert (tmp_path / "e2e.png").stat().st_size > 10_000
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.bound import decode_step_bytes, prefill_flops
+from bench.bound import decode_batch_seconds, decode_step_bytes, expected_distinct_experts, prefill_flops
 from inkling.config import preset
 
 
@@ -37,3 +37,15 @@ def test_bytes_per_gpu_under_tensor_parallelism():
         assert per_gpu.weights == pytest.approx((whole.weights - router) / n + router)
     one_kv_head = c.replace(num_key_value_heads=1)
     assert decode_step_bytes(one_kv_head, 8192, tp_size=4).kv == decode_step_bytes(one_kv_head, 8192).kv
+
+
+def test_batch_bound_counts_the_experts_a_batch_touches():
+    """Batch 1 is the one-token bound; at 32 distinct tokens inkling-bench's layers touch ~136 of 256 experts
+    (uniform routing), and the step's bound is 8.9 ms (BENCHMARKS, run 15)."""
+    c = preset("inkling-bench")
+    assert decode_batch_seconds(c, 8256, 1) == pytest.approx(decode_step_bytes(c, 8256).seconds)
+    assert expected_distinct_experts(c, 1) == pytest.approx(6)
+    assert expected_distinct_experts(c, 32) == pytest.approx(136.1, abs=0.1)
+    assert decode_batch_seconds(c, 8256, 32) == pytest.approx(8.91e-3, rel=0.01)
+    steps = [decode_batch_seconds(c, 8256, b) for b in (1, 8, 32, 64)]
+    assert steps == sorted(steps) and steps[-1] < 64 * steps[0]
