@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         "tune_max_tokens": args.tune_max_tokens if args.tune_max_tokens < 1 << 30 else None,
         "decode_prompts": "three tier prompts repeated" if args.shared_prompts else "one a user",
     }
-    bound = decode_step_bytes(config, args.prompt_len + args.output_len // 2)
+    kv_len = args.prompt_len + args.output_len // 2  # a decode step's context, midway through the output
+    bound = decode_step_bytes(config, kv_len)
     results["bound"] = {
         "decode_bytes_per_step": bound.total,
         "decode_step_s": bound.seconds,
@@ -199,8 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefill_s": prefill_flops(config, args.prompt_len) / 790e12,
         # per batch size: a decode step of that many distinct sequences (bound.decode_batch_seconds)
         "decode_batch_step_s": {
-            str(b): decode_batch_seconds(config, args.prompt_len + args.output_len // 2, b)
-            for b in (int(x) for x in args.batches.split(","))
+            str(b): decode_batch_seconds(config, kv_len, b) for b in (int(x) for x in args.batches.split(","))
         },
     }
 

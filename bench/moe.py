@@ -428,15 +428,10 @@ def prefill_tiles(out_dir: str, T: int) -> None:
              "gemm1 shared": 2 * T * S * 2 * I * H, "gemm2 shared": 2 * T * S * I * H}  # fmt: skip
     rows = []
     for m, n, k, warps, stages, *more in PREFILL_TILES:
-        g = {
-            "block_n": n,
-            "block_k": k,
-            "num_warps": warps,
-            "num_stages": stages,
-            **(more[0] if more else {}),
-        }
+        extra = more[0] if more else {}  # config keys beyond the tile, e.g. {"prmt": False}
+        g = {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": stages, **extra}
         label = f"T={T} m{m} n{n} k{k} w{warps} s{stages}" + "".join(
-            f" {key}={v}" for key, v in (more[0] if more else {}).items()
+            f" {key}={v}" for key, v in extra.items()
         )
         cfg = {"block_m": m, "shared": "triton", "gemm1": g, "gemm2": dict(g)}
         try:

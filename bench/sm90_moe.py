@@ -38,11 +38,9 @@ LAUNCHES = {  # name: (NVFP4, GATED, N, K)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...], prmt: bool = False):
-    """moe_gemm_kernel compiled for sm_90 as one GEMM launch of the op (routed NVFP4 or shared bf16)."""
-    from plugins.moe import kernels
-
-    m, n, k, warps, stages, *maxnreg = tile
+def _launch_signature(nvfp4: bool, gated: bool, N: int, K: int, num_tokens: int) -> tuple[dict, dict]:
+    """The pointer types and integer arguments of one GEMM launch of the op (the MoE kernels share their
+    argument list): routed NVFP4 or shared bf16 weights, gate and up rows stacked when gated."""
     pointers = {
         "a_ptr": "*bf16", "w_ptr": "*u8" if nvfp4 else "*bf16", "ws_ptr": "*fp8e4nv", "wg_ptr": "*fp32",
         "out_ptr": "*bf16", "sorted_rows_ptr": "*i32", "expert_ids_ptr": "*i32", "block_rows_ptr": "*i32",
@@ -52,8 +50,17 @@ def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...]
     rows = 2 * N if gated else N
     ints = dict(
         stride_at=K, stride_we=rows * w_row, stride_wn=w_row, stride_wse=rows * (K // 16), stride_wsn=K // 16,
-        stride_ot=N, num_tokens=4096, N=N,
+        stride_ot=N, num_tokens=num_tokens, N=N,
     )  # fmt: skip
+    return pointers, ints
+
+
+def compile_gemm(nvfp4: bool, gated: bool, N: int, K: int, tile: tuple[int, ...], prmt: bool = False):
+    """moe_gemm_kernel compiled for sm_90 as one GEMM launch of the op (routed NVFP4 or shared bf16)."""
+    from plugins.moe import kernels
+
+    m, n, k, warps, stages, *maxnreg = tile
+    pointers, ints = _launch_signature(nvfp4, gated, N, K, num_tokens=4096)
     constexprs = dict(
         K=K, TOP_K=TOP_K, KS=TOP_K + S, ROUTED=nvfp4, NVFP4=nvfp4, GATED=gated, IEEE=False,
         BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, N_FIRST=nvfp4, PRMT=prmt and nvfp4,
@@ -83,15 +90,7 @@ def compile_bd(gated: bool, N: int, K: int, tile: tuple[int, ...], flags: dict):
     from plugins.moe import decode_kernels
 
     m, n, k, warps, stages = tile[:5]
-    pointers = {
-        "a_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*fp8e4nv", "wg_ptr": "*fp32", "out_ptr": "*bf16",
-        "sorted_rows_ptr": "*i32", "expert_ids_ptr": "*i32", "block_rows_ptr": "*i32", "route_w_ptr": "*fp32",
-    }  # fmt: skip
-    rows = 2 * N if gated else N
-    ints = dict(
-        stride_at=K, stride_we=rows * (K // 2), stride_wn=K // 2, stride_wse=rows * (K // 16), stride_wsn=K // 16,
-        stride_ot=N, num_tokens=1, N=N,
-    )  # fmt: skip
+    pointers, ints = _launch_signature(True, gated, N, K, num_tokens=1)
     constexprs = dict(
         K=K, TOP_K=TOP_K, KS=TOP_K + S, ROUTED=True, NVFP4=True, GATED=gated, BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
         **flags,

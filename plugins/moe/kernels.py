@@ -12,11 +12,12 @@ rows, so no atomics and a deterministic result.
    Every size comes from static bounds: blocks past the end get expert -1 and exit at once.
 3. moe_gemm_kernel: a grouped GEMM over those blocks, out^T = W @ A^T, so the dequantized weight
    tile is the left operand and a block of few tokens is the right one (small BLOCK_M for decode).
-   NVFP4 weights are dequantized in registers (W4A16): E2M1 codes, read as uint32 words -> fp16 bits, times the float32
-   block scale times the global scale, as INKLING_SPEC §9. In bf16 on CUDA (PRMT) the codes go to bf16 by
-   byte lookups and times the block scale (exact in bf16), and the global scale multiplies the float32 sums. The same kernel runs the bf16 shared
-   experts (ROUTED=False, NVFP4=False). GATED: gate and up tiles, SwiGLU epilogue (GEMM 1);
-   otherwise the rows are scaled by their routing weight (GEMM 2).
+   NVFP4 weights are dequantized in registers (W4A16): E2M1 codes, read as uint32 words -> fp16 bits,
+   times the float32 block scale times the global scale, as INKLING_SPEC §9. In bf16 on CUDA (PRMT) the
+   codes go to bf16 by byte lookups and times the block scale (exact in bf16), and the global scale
+   multiplies the float32 sums. The same kernel runs the bf16 shared experts (ROUTED=False,
+   NVFP4=False). GATED: gate and up tiles, SwiGLU epilogue (GEMM 1); otherwise the rows are scaled by
+   their routing weight (GEMM 2).
 
 The decode forms of GEMM 1 and 2 (a few rows per block) are in decode_kernels.py.
 """
@@ -213,14 +214,12 @@ def _expert_weights(
 
 
 @triton.jit
-def _words_tile(
-    w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K: tl.constexpr,
-    PER_WORD: tl.constexpr = True,
+def _words_and_scales(
+    w_ptr, ws_ptr, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K: tl.constexpr, PER_WORD: tl.constexpr
 ):  # fmt: skip
     """The codes of W's rows offs_n, columns k0..k0+BLOCK_K-1, as uint32 words [BLOCK_N, BLOCK_K // 8]
-    (word j: columns 8j..8j+7, nibble p = column 8j+p), and their block scales: one per word (PER_WORD; a
-    16-column block is two words) or one per block [BLOCK_N, BLOCK_K // 16]. A scale is §9's
-    float32(float32(scale) * scale_2), times 2^14 to undo `_e2m1_pair_f16`'s placement."""
+    (word j: columns 8j..8j+7, nibble p = column 8j+p), and their E4M3 block scales as stored: one per word
+    (PER_WORD; a 16-column block is two words) or one per block [BLOCK_N, BLOCK_K // 16]."""
     offs_j = tl.arange(0, BLOCK_K // 8)
     wp = w_ptr.to(tl.pointer_type(tl.uint32))
     words = tl.load(
@@ -231,6 +230,19 @@ def _words_tile(
     else:
         offs_s = k0 // 16 + tl.arange(0, BLOCK_K // 16)
     scale = tl.load(ws_ptr + offs_n[:, None] * stride_wsn + offs_s[None, :], mask=n_mask[:, None], other=0.0)
+    return words, scale
+
+
+@triton.jit
+def _words_tile(
+    w_ptr, ws_ptr, global_scale, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K: tl.constexpr,
+    PER_WORD: tl.constexpr = True,
+):  # fmt: skip
+    """`_words_and_scales` with each scale as §9's float32(float32(scale) * scale_2), times 2^14 to undo
+    `_e2m1_pair_f16`'s placement."""
+    words, scale = _words_and_scales(
+        w_ptr, ws_ptr, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K, PER_WORD
+    )
     return words, (scale.to(tl.float32) * global_scale) * 16384.0
 
 
@@ -314,13 +326,7 @@ def _weight_tile_prmt(w_ptr, ws_ptr, offs_n, n_mask, k0, stride_wn, stride_wsn, 
     bf16's range, so the product is exact. The global scale is left to the caller. bench.sm90_moe (128 x 64
     x 64, 4 warps): GEMM 1's K loop 450 SASS instructions a thread, 545 with `_weight_tile`'s float32
     decode (codes to fp16, to float32, the scale's product, back to bf16). CUDA only (inline PTX)."""
-    offs_j = tl.arange(0, BLOCK_K // 8)
-    wp = w_ptr.to(tl.pointer_type(tl.uint32))
-    words = tl.load(
-        wp + offs_n[:, None] * (stride_wn // 4) + (k0 // 8 + offs_j)[None, :], mask=n_mask[:, None], other=0
-    )
-    offs_s = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-    scale = tl.load(ws_ptr + offs_n[:, None] * stride_wsn + offs_s[None, :], mask=n_mask[:, None], other=0.0)
+    words, scale = _words_and_scales(w_ptr, ws_ptr, offs_n, n_mask, k0, stride_wn, stride_wsn, BLOCK_K, False)
     p01, p23, p45, p67 = tl.inline_asm_elementwise(
         _E2M1_BF16_PRMT, "=r,=r,=r,=r,r", [words],
         dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=True, pack=1,
