@@ -48,6 +48,7 @@
 #     bash bench/gpu_session.sh s17         # 1 GPU: MoE GPU tests, the e2e prefill with the new NVFP4 decode
 #     bash bench/gpu_session.sh s18         # 1 GPU: the register-capped 8-warp MoE tiles per launch, then the e2e prefill
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
+#     bash bench/gpu_session.sh s19-bd      # 1 GPU: moe_bd_kernel's decode variants at T = 1, 4, 8; e2e batches 1 and 8
 #     bash bench/gpu_session.sh s19-check   # 1 GPU: session 18's unchecked changes: engine GPU tests, bench.host, MTP round
 #     bash bench/gpu_session.sh s19-profile # 1 GPU: a profile of the batch-1 decode step (compiled), prefill untuned
 #     bash bench/gpu_session.sh s18-prmt    # 1 GPU: the NVFP4 decode by byte lookups: tests, GEMMs per launch, e2e
@@ -367,6 +368,17 @@ s18-decode)
     run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
         --batches 1,8,32 --decode_budget_s 6 --reference_peers "" --out "$OUT/e2e"
     pack s18-decode
+    ;;
+s19-bd)
+    # Session 19: moe_bd_kernel's decode variants (bench/moe.py DECODE_VARIANTS: GEMM 2 in one round of
+    # programs, the routed branch on a stream of higher priority) at T = 1, 4 (an MTP verify) and 8, their
+    # GPU tests (the new config key's CUDA-graph replays bit for bit), then the e2e batches 1 and 8 with
+    # tune() choosing among the new candidates, batch 1 profiled
+    run moe_test 120 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "overlap"
+    run moe_tiles 200 python3 bench/moe.py --decode-tiles 1,4,8 --out "$OUT/moe"
+    run e2e 230 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 64 \
+        --batches 1,8 --decode_budget_s 4 --profile_batch 1 --tune_max_tokens 16 --reference_peers "" --out "$OUT/e2e"
+    pack s19-bd
     ;;
 s19-check)
     # Session 18 (for the next, first): what session 18 changed and could not check on the GPU. The engine's

@@ -459,6 +459,55 @@ def prefill_tiles(out_dir: str, T: int) -> None:
         json.dump(rows, f, indent=1)
 
 
+# Variants of the decode config (T <= 16) against the default: (name, changes to the whole config, to GEMM 1's,
+# to GEMM 2's). Programs per SM from bench.sm90_moe --bd (registers, shared memory): GEMM 2 at T = 1 has 672
+# programs (6 experts x 112 N tiles) and 4 fit an SM at (64, 256, 4 warps, 3 stages), 528 at once on 132 SMs,
+# so a second, 27%-full round; at block_k 128 (72 registers) or under an 80-register cap 6-7 fit, one round.
+DECODE_VARIANTS = [
+    ("default", {}, {}, {}),
+    ("gemm2 block_k 128", {}, {}, {"block_k": 128}),
+    ("gemm2 maxnreg 80", {}, {}, {"maxnreg": 80}),
+    ("gemm2 maxnreg 96", {}, {}, {"maxnreg": 96}),
+    ("gemm1 block_k 128", {}, {"block_k": 128}, {}),
+    ("gemm1 block_n 32", {}, {"block_n": 32}, {}),
+    ("routed_priority", {"routed_priority": True}, {}, {}),
+    ("routed_priority + gemm2 block_k 128", {"routed_priority": True}, {}, {"block_k": 128}),
+    ("shared cuBLAS + routed_priority", {"shared": "torch", "routed_priority": True}, {}, {}),
+]
+
+
+def decode_tiles(out_dir: str, tokens=(1, 4, 8)) -> None:
+    """DECODE_VARIANTS at T tokens: the op's error against the reference, its routed GEMMs timed alone and
+    the whole op (with its side stream, as tune() times it), CUDA-graph replays. Writes decode_tiles.json."""
+    layer = make_layer()
+    rows = []
+    for T in tokens:
+        args = op_args(layer, T, seed=T)
+        want = torch.ops.inkling.expert_sink_moe(*args, "", "reference").float()
+        n_exp = experts_touched(args[0], args[1])
+        base = moe_launcher.select_config(None, T)
+        for name, top, g1, g2 in DECODE_VARIANTS:
+            cfg = {**base, **top, "gemm1": {**base["gemm1"], **g1}, "gemm2": {**base["gemm2"], **g2}}
+            try:
+                err, times = launch_times(args, cfg, want, lambda part: "routed" in part)
+                op_us = moe_launcher._time(args, cfg) * 1e3
+            except Exception as exc:  # noqa: BLE001
+                log(f"T={T} {name}: failed {type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            row = dict(T=T, variant=name, config=cfg, err=err, op_us=op_us, bound_us=bound_us(T, n_exp)[0])
+            for part, us in times.items():
+                row[part.replace(" ", "_") + "_us"] = us
+                row[part.replace(" ", "_") + "_bw"] = part_bytes(part, T, n_exp) / MEM_BW * 1e6 / us
+            rows.append(row)
+            log(
+                f"T={T} {name:38s} err {err:.1e} | op {op_us:6.1f} us (bound {row['bound_us']:.1f}) | gemm1 "
+                f"{times['gemm1 routed']:6.1f} us ({row['gemm1_routed_bw']:.0%}) | gemm2 {times['gemm2 routed']:6.1f}"
+                f" us ({row['gemm2_routed_bw']:.0%})"
+            )
+    with open(os.path.join(out_dir, "decode_tiles.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def overlap(out_dir: str, tokens=(1, 8, 64)) -> None:
     """The whole op at T tokens, serial and with the shared experts on a side stream ("overlap"), for the
     default tiles of T's bucket with the shared experts on Triton and on cuBLAS: CUDA-graph replays (as
@@ -499,6 +548,9 @@ def main():
         "--decode-kernels", metavar="T,T", help="time every decode candidate's routed GEMMs and exit"
     )
     ap.add_argument(
+        "--decode-tiles", metavar="T,T", help="time DECODE_VARIANTS (the op and its routed GEMMs) and exit"
+    )
+    ap.add_argument(
         "--overlap", metavar="T,T", help="time the op serial and with the shared experts overlapped, and exit"
     )
     ap.add_argument(
@@ -508,6 +560,10 @@ def main():
     if args.prefill_tiles:
         os.makedirs(args.out, exist_ok=True)
         prefill_tiles(args.out, args.prefill_tiles)
+        return
+    if args.decode_tiles:
+        os.makedirs(args.out, exist_ok=True)
+        decode_tiles(args.out, tuple(int(t) for t in args.decode_tiles.split(",")))
         return
     if args.overlap:
         os.makedirs(args.out, exist_ok=True)
