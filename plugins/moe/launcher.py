@@ -135,9 +135,8 @@ SIDE_PARTS = ("gemm1 shared", "gemm2 shared", "shared (cuBLAS)")
 
 
 @functools.cache
-def _side_stream(device_index: int, priority: int = 0) -> torch.cuda.Stream:
-    """A stream of the op's own (priority 0 is CUDA's default and lowest; -1 is higher)."""
-    return torch.cuda.Stream(device=device_index, priority=priority)
+def _side_stream(device_index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device=device_index)
 
 
 def expert_sink_moe(*args, config: dict | None = None) -> torch.Tensor:
@@ -159,33 +158,22 @@ def expert_sink_moe(*args, config: dict | None = None) -> torch.Tensor:
             run()
         return y
     main = torch.cuda.current_stream(x.device)
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    side = _side_stream(index)
+    side = _side_stream(x.device.index if x.device.index is not None else torch.cuda.current_device())
     side.wait_stream(main)
-    # "routed_priority": the routing and the routed GEMMs on a stream of higher priority, so that their
-    # programs take the SMs first where both branches have programs waiting (the routed branch is the
-    # longer one at decode). A CUDA graph keeps a kernel's capture-time priority (PyTorch instantiates
-    # graphs with cudaGraphInstantiateFlagUseNodePriority).
-    routed = _side_stream(index, -1) if cfg.get("routed_priority") else main
-    if routed is not main:
-        routed.wait_stream(main)
     routed_ready = torch.cuda.Event()
     for name, run in parts:
-        if name in SIDE_PARTS:
+        if name == "route":
+            run()
+            routed_ready.record(main)
+        elif name in SIDE_PARTS:
             with torch.cuda.stream(side):
                 if name != "gemm1 shared":  # GEMM 2, or the cuBLAS pair, scales by the route's weights
                     side.wait_event(routed_ready)
                 run()
-        elif name == "combine":
-            main.wait_stream(side)
-            if routed is not main:
-                main.wait_stream(routed)
-            run()
         else:
-            with torch.cuda.stream(routed):
-                run()
-                if name == "route":
-                    routed_ready.record(routed)
+            if name == "combine":
+                main.wait_stream(side)
+            run()
     return y
 
 
@@ -413,18 +401,15 @@ def _candidates(T: int) -> list[dict]:
         # `n_first` (the grid's N tiles first, a config key) gave nothing here: 53.96 against 53.99 us for
         # GEMM 1 and 38.4 against 38.6 for GEMM 2 at T = 1 (s18-decode), so it is not a candidate.
     if T <= 16:
-        # Session 19, not yet measured when added (bench/moe.py --decode-tiles): tune()'s usual choice with
-        # GEMM 2 in one round of programs (block_k 128 or an 80-register cap: 6-7 programs an SM instead
-        # of 4, for its 672 programs at T = 1), and with the routed branch on a stream of higher priority.
+        # tune()'s usual choice with GEMM 2's registers capped: 5-6 programs an SM instead of 4. H200, session
+        # 19 (bench/moe.py --decode-tiles, bench/results/gpu-2026-12-01/s19-bd/), GEMM 2 alone at T = 1 / 4 /
+        # 8: 37.9 / 119.2 / 223.3 us uncapped, 35.8 / 112.7 / 210.1 at 80 registers, 38.6 / 111.5 / 208.3 at
+        # 96; the op 1-2% faster. Measured there and not candidates: GEMM 2 with block_k 128 (5-9% slower),
+        # GEMM 1 with block_k 128 or block_n 32 (8-33% slower), and the routed branch on a stream of higher
+        # priority (CUDA graphs keep a node's priority; within 0.3% of the default at every T).
         best = {"block_m": 1, "kernel": "bd", "shared": "triton", "overlap": True,
                 "gemm1": {**tile, **stack, **one}, "gemm2": {**tile, **kmaj}}  # fmt: skip
-        for top, g2 in [
-            ({}, {"block_k": 128}),
-            ({}, {"maxnreg": 80}),
-            ({"routed_priority": True}, {}),
-            ({"routed_priority": True}, {"block_k": 128}),
-        ]:
-            out.append({**best, **top, "gemm2": {**best["gemm2"], **g2}})
+        out += [{**best, "gemm2": {**best["gemm2"], "maxnreg": cap}} for cap in (80, 96)]
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (expert_sink_moe's
         # docstring), for the decode kernels and the small tensor-core tiles

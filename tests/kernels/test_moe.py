@@ -392,18 +392,17 @@ def test_triton_gpu_decode_kernels_bf16(T):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("T", [1, 8, 64])
 def test_triton_gpu_overlap_equals_serial(T):
-    """The shared experts on a side stream ("overlap"; with "routed_priority" the routed branch on a third,
-    of higher priority) give the serial op's output bit for bit, eagerly and replayed from a CUDA graph on
-    new inputs (a missing wait would read a buffer before it is written)."""
+    """The shared experts on a side stream ("overlap") give the serial op's output bit for bit, eagerly and
+    replayed from a CUDA graph on new inputs (a missing wait would read a buffer before it is written)."""
     c = dict(H=7168, I=2560, E=256, S=2, top_k=6)
     router, packed, sw13, sw2 = _layer(
         c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=T, dtype=torch.bfloat16
     )
     x = torch.randn(T, c["H"], device=DEVICE, dtype=torch.bfloat16)
-    for shared, priority in (("triton", False), ("torch", False), ("triton", True)):
+    for shared in ("triton", "torch"):
         # (the default decode bucket has "overlap" on: turned off here for the serial run)
         serial = {**moe_launcher.select_config(None, T), "shared": shared, "overlap": False}
-        overlap = {**serial, "overlap": True, "routed_priority": priority}
+        overlap = {**serial, "overlap": True}
         args = _args(x, router, packed, sw13, sw2, c["E"], c["top_k"])[:12]
         torch.testing.assert_close(
             moe_launcher.expert_sink_moe(*args, config=overlap),
