@@ -48,6 +48,7 @@
 #     bash bench/gpu_session.sh s17         # 1 GPU: MoE GPU tests, the e2e prefill with the new NVFP4 decode
 #     bash bench/gpu_session.sh s18         # 1 GPU: the register-capped 8-warp MoE tiles per launch, then the e2e prefill
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
+#     bash bench/gpu_session.sh s19-attn    # 1 GPU: decode attention split to one KV tile a split: tests, bench, e2e
 #     bash bench/gpu_session.sh s19-bd      # 1 GPU: moe_bd_kernel's decode variants at T = 1, 4, 8; e2e batches 1 and 8
 #     bash bench/gpu_session.sh s19-check   # 1 GPU: session 18's unchecked changes: engine GPU tests, bench.host, MTP round
 #     bash bench/gpu_session.sh s19-profile # 1 GPU: a profile of the batch-1 decode step (compiled), prefill untuned
@@ -368,6 +369,17 @@ s18-decode)
     run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
         --batches 1,8,32 --decode_budget_s 6 --reference_peers "" --out "$OUT/e2e"
     pack s18-decode
+    ;;
+s19-attn)
+    # Session 19: decode attention with one query splits its KV down to one tile a split, four programs an SM
+    # (e2e batch 1: every layer took 23 us, a 4K-window layer as long as a full one): the GPU tests of the
+    # decode (the engine-sized sweep and the split variants), the bench's batch-1 decode workloads at their
+    # split variants, then the e2e batches 1 and 8 profiled (attention per layer against run 16's 23.3 us)
+    run attn_test 150 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu -k "decode or matches_spec_bf16"
+    run attn 150 python3 bench/attention.py --only "decode B=1 KV 8K" --out "$OUT/attn"
+    run e2e 230 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 64 \
+        --batches 1,8 --decode_budget_s 4 --profile_batch 1 --tune_max_tokens 16 --reference_peers "" --out "$OUT/e2e"
+    pack s19-attn
     ;;
 s19-bd)
     # Session 19: moe_bd_kernel's decode variants (bench/moe.py DECODE_VARIANTS: GEMM 2 in one round of

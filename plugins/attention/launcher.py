@@ -160,14 +160,19 @@ def choose_config(
     kv_tiles = triton.cdiv(max(max_kv_len, 1), block_n)
     num_splits = 1
     target = 2 * num_sms
-    if programs < num_sms and kv_tiles > LONG_SPLIT_TILES * triton.cdiv(target, programs):
-        # Long KV with few programs: four per SM rather than two, so that more loads are in flight
-        # (H200, B=1 KV 128K, graph-timed: 64 splits 0.203 ms against 0.235 at 33)
+    min_tiles = MIN_TILES_PER_SPLIT
+    if programs < num_sms and (
+        kv_tiles > LONG_SPLIT_TILES * triton.cdiv(target, programs) or (max_seqlen_q == 1 and not small)
+    ):
+        # Few programs: four per SM rather than two, so that more loads are in flight (H200, B=1 KV 128K,
+        # graph-timed: 64 splits 0.203 ms against 0.235 at 33). Decode (one query) at any length, down to one
+        # KV tile a split: in the e2e's batch-1 step every layer took 23 us, a 4K-window layer (16 splits of
+        # 2 tiles) as long as a full 8K one (33 splits of 2), each reading its KV and relative table cold.
         target = 4 * num_sms
+        if max_seqlen_q == 1 and not small:
+            min_tiles = 1
     if programs < target:
-        num_splits = min(
-            triton.cdiv(target, programs), triton.cdiv(kv_tiles, MIN_TILES_PER_SPLIT), MAX_SPLITS
-        )
+        num_splits = min(triton.cdiv(target, programs), triton.cdiv(kv_tiles, min_tiles), MAX_SPLITS)
         num_splits = max(num_splits, 1)
     return AttentionConfig(
         heads=heads,
