@@ -166,8 +166,11 @@ def choose_config(
     ):
         # Few programs: four per SM rather than two, so that more loads are in flight (H200, B=1 KV 128K,
         # graph-timed: 64 splits 0.203 ms against 0.235 at 33). Decode (one query) at any length, down to one
-        # KV tile a split: in the e2e's batch-1 step every layer took 23 us, a 4K-window layer (16 splits of
-        # 2 tiles) as long as a full 8K one (33 splits of 2), each reading its KV and relative table cold.
+        # KV tile a split: in the e2e's batch-1 step every layer had taken 23.3 us, a 4K-window layer (16
+        # splits of 2 tiles) as long as a full 8K one (33 of 2), each reading its KV and relative table cold;
+        # with 32 and 64 splits, 20.0 us (bench/results/gpu-2026-12-01/s19-attn/). bench/attention.py, which
+        # replays one layer from a warm L2, put 64 splits for the full layer 13% behind 32 (0.0346 against
+        # 0.0306 ms) and 32 for the window 8% ahead of 16.
         target = 4 * num_sms
         if max_seqlen_q == 1 and not small:
             min_tiles = 1

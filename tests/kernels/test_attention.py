@@ -353,9 +353,14 @@ def test_choose_config_is_shape_only(monkeypatch):
     decode = launcher.choose_config(1, 64, 8, 1, 1 << 20, num_sms=132)
     assert decode.heads == 8 and decode.num_splits > 1
     monkeypatch.setattr(launcher, "interpreting", lambda: False)  # the GPU's tiles
-    # split-KV: 2 programs per SM at 8K (2 tiles of 128 keys per split), 4 at long KV (H200 timings)
-    assert launcher.choose_config(1, 64, 8, 1, 8192, num_sms=132).num_splits == 32
+    # split-KV for a decode with few programs: 4 programs an SM, down to one tile of 128 keys a split (H200
+    # timings: the e2e's batch-1 attention 23.3 -> 20.0 us a layer)
+    assert launcher.choose_config(1, 64, 8, 1, 8192, num_sms=132).num_splits == 64
+    assert launcher.choose_config(1, 64, 8, 1, 4096, num_sms=132).num_splits == 32  # a 4K-window layer
     assert launcher.choose_config(1, 64, 8, 1, 131072, num_sms=132).num_splits == 64
+    assert (
+        launcher.choose_config(1, 64, 8, 4, 8192, num_sms=132).num_splits == 33
+    )  # a verify: 2 programs an SM
     assert launcher.choose_config(32, 64, 8, 1, 8192, num_sms=132).num_splits == 2  # the GPU is full
     monkeypatch.undo()
     prefill = launcher.choose_config(4, 64, 8, 4096, 4096, num_sms=132)
