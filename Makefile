@@ -18,7 +18,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 
-.PHONY: venv test lint unit test-gpu demo synth convert engine serve bench bench-serving train bench-needle bench-acceptance clean
+.PHONY: venv test lint unit test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-peers bench-serving train bench-needle bench-acceptance clean
 
 venv: $(STAMP)
 
@@ -77,10 +77,24 @@ serve: $(STAMP)
 
 # The end-to-end workload (8K in / 1K out) on inkling-bench, synthesized and built in GPU memory:
 # `make GPU=1 bench` on the GPU host; BENCH_ARGS= to change shapes (e.g. the CPU smoke shape of
-# tests/e2e/test_bench_smoke.py).
+# tests/e2e/test_bench_smoke.py). Three parts of at most ten minutes each on one H200 (each one `make
+# bench-PART` of its own where a machine is lent ten minutes at a time), then one table and plot of them
+# all in $(BENCH_DIR)/results.md and e2e.png: first tokens and decode batches; MTP with 3 drafts every step;
+# the reference model eager and under torch.compile.
 BENCH_ARGS ?= --preset inkling-bench --device cuda --cuda_graphs --compile
-bench: $(STAMP)
-	$(PY) -m bench.e2e $(BENCH_ARGS) --out build/bench-e2e
+BENCH_DIR ?= build/bench-e2e
+bench: bench-decode bench-mtp bench-peers
+	$(PY) -m bench.e2e --merge --out $(BENCH_DIR)
+
+bench-decode: $(STAMP)
+	$(PY) -m bench.e2e $(BENCH_ARGS) --decode_budget_s 45 --reference_peers "" --out $(BENCH_DIR)/decode
+
+bench-mtp: $(STAMP)
+	$(PY) -m bench.e2e $(BENCH_ARGS) --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --batches 1,8 \
+		--tune_max_tokens 16 --decode_budget_s 45 --reference_peers "" --out $(BENCH_DIR)/mtp
+
+bench-peers: $(STAMP)
+	$(PY) -m bench.e2e $(BENCH_ARGS) --peers_only --out $(BENCH_DIR)/peers
 
 bench-serving: $(STAMP)
 	$(PY) -m bench.serving --engine $(ENGINE)

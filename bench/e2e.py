@@ -15,6 +15,14 @@ at `--profile_batch`; the reference model as a user would otherwise run it (eage
 the sequence for each token) and the same under torch.compile, each in its own process with a time limit
 after the engine is freed; and the bound of bench/bound.py. Writes results.json, results.md and e2e.png
 into --out.
+
+`make bench` runs the workload in three parts of at most ten minutes each on the H200 (`make bench-decode`,
+`bench-mtp`, `bench-peers`, each into its own directory), then `--merge` joins them into one table and plot:
+
+    python -m bench.e2e ... --out OUT/decode            # first tokens and decode batches, no MTP, no peers
+    python -m bench.e2e ... --num_draft_tokens 3 --fixed_drafts --batches 1,8 --out OUT/mtp
+    python -m bench.e2e ... --peers_only --out OUT/peers   # the reference peers alone (no engine)
+    python -m bench.e2e --merge --out OUT               # OUT/results.md, results.json, e2e.png
 """
 
 from __future__ import annotations
@@ -154,6 +162,16 @@ def main(argv: list[str] | None = None) -> int:
         "--reference_timeout_s", type=float, default=420.0, help="time limit of each reference peer"
     )
     ap.add_argument("--reference_only", choices=("eager", "compile"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--peers_only",
+        action="store_true",
+        help="run the reference peers alone (no engine): make bench-peers",
+    )
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="join the parts under --out (decode/, mtp/, peers/: make bench's) into one table and plot",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     ap.add_argument(
@@ -174,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.merge:
+        return merge(args.out)
     config, _ = synth_config(args.preset, mtp_heads=8 if args.num_draft_tokens else 0, nvfp4=True)
     if args.reference_only:
         return reference_peer(args, config)
@@ -214,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.fixed_drafts:
         runtime.engine.next_num_drafts = lambda stats, requested: requested
     try:
-        measure_engine(args, config, results, save)  # the engine is freed on return
+        if not args.peers_only:
+            measure_engine(args, config, results, save)  # the engine is freed on return
     finally:
         runtime.engine.next_num_drafts = policy
     if args.device == "cuda":
@@ -223,9 +244,40 @@ def main(argv: list[str] | None = None) -> int:
     for mode in filter(None, args.reference_peers.split(",")):
         results["reference"][mode] = run_reference_peer(argv, args, mode)
         save()
+    save()
     write_table(results, os.path.join(args.out, "results.md"))
-    plot({"this run": results}, os.path.join(args.out, "e2e.png"))
+    if not args.peers_only:
+        plot({"this run": results}, os.path.join(args.out, "e2e.png"))
     print(open(os.path.join(args.out, "results.md")).read())
+    return 0
+
+
+PARTS = ("decode", "mtp", "peers")  # make bench's parts, each a directory under its --out
+
+
+def merge(out: str) -> int:
+    """One table and plot from make bench's parts under `out` (PARTS; mtp and peers may be missing): the
+    decode part's first tokens and batches, the MTP part's batches and acceptance, the peers' times against
+    the decode part's smallest batch. Writes results.json (the parts whole, under "parts"), results.md and
+    e2e.png into `out`."""
+    parts = {
+        name: load(os.path.join(out, name, "results.json"))
+        for name in PARTS
+        if os.path.exists(os.path.join(out, name, "results.json"))
+    }
+    if "decode" not in parts:
+        raise SystemExit(
+            f"bench.e2e --merge: no {os.path.join(out, 'decode', 'results.json')} (make bench-decode)"
+        )
+    merged = {**parts["decode"], "reference": parts.get("peers", {}).get("reference", {}), "parts": parts}
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(merged, f, indent=2)
+    write_table(merged, os.path.join(out, "results.md"), mtp=parts.get("mtp"))
+    runs = {"no MTP": parts["decode"]}
+    if "mtp" in parts:
+        runs[f"MTP, {parts['mtp']['num_draft_tokens']} drafts a step"] = parts["mtp"]
+    plot(runs, os.path.join(out, "e2e.png"))
+    print(open(os.path.join(out, "results.md")).read())
     return 0
 
 
@@ -243,7 +295,9 @@ def reference_peer(args: argparse.Namespace, config) -> int:
         first, first_s = timed(lambda: ref.generate(ids, 1, stop_ids=[]))
         ids = torch.cat([ids, first.to(args.device)])
         _, rest_s = timed(lambda: ref.generate(ids, args.reference_tokens, stop_ids=[]))
-    print(json.dumps({"first_token_s": first_s, "s_per_token": rest_s / args.reference_tokens}), flush=True)
+    # tokens: the first one, then the timed ones
+    figures = {"first_token_s": first_s, "s_per_token": rest_s / args.reference_tokens}
+    print(json.dumps({**figures, "tokens": 1 + args.reference_tokens}), flush=True)
     return 0
 
 
@@ -442,53 +496,37 @@ def load(path: str) -> dict:
         return json.load(f)
 
 
-def write_table(r: dict, path: str) -> None:
+def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
+    """results.md of one run (results.json's dict), or of make bench's merged parts: then `mtp`, the MTP
+    part's results, adds its decode rows, and the peers compare with `r`'s smallest batch."""
     b = r["bound"]
     lines = [
         f"Command: `{r['command']}`; device {r['device']}; date {r['date']}; preset {r['preset']}; "
-        f"build in memory {r['build_s']:.1f} s; CUDA graphs {'on' if r.get('cuda_graphs') else 'off'}; "
+        + (f"build in memory {r['build_s']:.1f} s; " if "build_s" in r else "")
+        + f"CUDA graphs {'on' if r.get('cuda_graphs') else 'off'}; "
         f"torch.compile {'on' if r.get('compile') else 'off'}; MTP drafts per step {r.get('num_draft_tokens', 0)}; "
         f"decode batches' prompts: {r.get('decode_prompts', 'three tier prompts repeated')}.",
-        "",
-        "| measure | ours | bound | fraction of bound |",
-        "|---|---|---|---|",
     ]
-    for tier, s in r["ttft_s"].items():
+    for name, part in r.get("parts", {}).items():
+        lines.append(f"- part {name}: `{part['command']}` ({part['device']}, {part['date']})")
+    lines += ["", "| measure | ours | bound | fraction of bound |", "|---|---|---|---|"]
+    for tier, s in r.get("ttft_s", {}).items():
         lines.append(
             f"| time to first token, {tier} prompt | {s:.3f} s | {b['prefill_s']:.3f} s | {b['prefill_s'] / s:.1%} |"
         )
-    for batch, d in r["decode"].items():
-        per_user = d["tokens_per_s_per_user"]
-        lines.append(
-            f"| decode tokens/s per user, batch {batch} ({d['tokens_per_request']} tokens each; step median "
-            f"{d['step_s_median'] * 1e3:.1f} ms, p10–p90 {d['step_s_p10'] * 1e3:.1f}–{d['step_s_p90'] * 1e3:.1f} ms) | "
-            f"{per_user:.1f} | {b['tokens_per_s_per_user']:.0f} (batch 1) | {per_user / b['tokens_per_s_per_user']:.1%} |"
-        )
-        step_bound = b.get("decode_batch_step_s", {}).get(str(batch))
-        if step_bound and int(batch) > 1 and not r.get("num_draft_tokens"):
-            # the batch's own bound: the experts its distinct sequences touch, and their KV
-            lines.append(
-                f"| throughput tokens/s, batch {batch} | {d['throughput_tokens_per_s']:.1f} | "
-                f"{int(batch) / step_bound:.0f} (step {step_bound * 1e3:.3g} ms) | "
-                f"{d['throughput_tokens_per_s'] * step_bound / int(batch):.1%} |"
-            )
-        else:
-            lines.append(f"| throughput tokens/s, batch {batch} | {d['throughput_tokens_per_s']:.1f} | | |")
-        if "acceptance_length" in d:
-            lines.append(f"| MTP acceptance length, batch {batch} | {d['acceptance_length']:.2f} | | |")
-        off = r.get("decode_overlap_off", {}).get(batch)
-        if off:
-            lines.append(
-                f"| the same, overlapped steps off: tokens/s per user (step median {off['step_s_median'] * 1e3:.1f} ms) | "
-                f"{off['tokens_per_s_per_user']:.1f} | | {off['tokens_per_s_per_user'] / b['tokens_per_s_per_user']:.1%} |"
-            )
-    ours = r["decode"][min(r["decode"], key=int)]["step_s_median"]
+    lines += _decode_rows(r, "")
+    if mtp:
+        label = f"with {mtp['num_draft_tokens']} MTP drafts a step{' (every step)' if mtp.get('fixed_drafts') else ''}, "
+        lines += _decode_rows(mtp, label)
+    decode = r.get("decode") or {}
+    ours = decode[min(decode, key=int)]["step_s_median"] if decode else None
     for mode, peer in r["reference"].items():
         what = f"reference model, {mode} (recomputes the sequence per token)"
         if "s_per_token" in peer:
+            faster = f"ours at the smallest batch is {peer['s_per_token'] / ours:.0f}× faster" if ours else ""
             lines.append(
-                f"| {what}: s per token (first token {peer['first_token_s']:.1f} s) | {peer['s_per_token']:.2f} | | "
-                f"ours at the smallest batch is {peer['s_per_token'] / ours:.0f}× faster |"
+                f"| {what}: s per token (first token {peer['first_token_s']:.1f} s; "
+                f"{peer.get('tokens', '?')} tokens) | {peer['s_per_token']:.2f} | | {faster} |"
             )
         elif "timed_out_s" in peer:
             lines.append(f"| {what} | did not finish in {peer['timed_out_s']:.0f} s | | |")
@@ -496,6 +534,41 @@ def write_table(r: dict, path: str) -> None:
             lines.append(f"| {what} | failed (results.json has the error) | | |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def _decode_rows(r: dict, label: str) -> list[str]:
+    """The table's rows of r's decode batches (tokens/s per user and throughput against their bounds)."""
+    b, lines = r["bound"], []
+    for batch, d in r.get("decode", {}).items():
+        per_user = d["tokens_per_s_per_user"]
+        lines.append(
+            f"| {label}decode tokens/s per user, batch {batch} ({d['tokens_per_request']} tokens each; step median "
+            f"{d['step_s_median'] * 1e3:.1f} ms, p10–p90 {d['step_s_p10'] * 1e3:.1f}–{d['step_s_p90'] * 1e3:.1f} ms) | "
+            f"{per_user:.1f} | {b['tokens_per_s_per_user']:.0f} (batch 1) | {per_user / b['tokens_per_s_per_user']:.1%} |"
+        )
+        step_bound = b.get("decode_batch_step_s", {}).get(str(batch))
+        if step_bound and int(batch) > 1 and not r.get("num_draft_tokens"):
+            # the batch's own bound: the experts its distinct sequences touch, and their KV
+            lines.append(
+                f"| {label}throughput tokens/s, batch {batch} | {d['throughput_tokens_per_s']:.1f} | "
+                f"{int(batch) / step_bound:.0f} (step {step_bound * 1e3:.3g} ms) | "
+                f"{d['throughput_tokens_per_s'] * step_bound / int(batch):.1%} |"
+            )
+        else:
+            lines.append(
+                f"| {label}throughput tokens/s, batch {batch} | {d['throughput_tokens_per_s']:.1f} | | |"
+            )
+        if "acceptance_length" in d:
+            lines.append(
+                f"| {label}MTP acceptance length, batch {batch} | {d['acceptance_length']:.2f} | | |"
+            )
+        off = r.get("decode_overlap_off", {}).get(batch)
+        if off:
+            lines.append(
+                f"| the same, overlapped steps off: tokens/s per user (step median {off['step_s_median'] * 1e3:.1f} ms) | "
+                f"{off['tokens_per_s_per_user']:.1f} | | {off['tokens_per_s_per_user'] / b['tokens_per_s_per_user']:.1%} |"
+            )
+    return lines
 
 
 if __name__ == "__main__":

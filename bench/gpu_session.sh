@@ -48,6 +48,8 @@
 #     bash bench/gpu_session.sh s17         # 1 GPU: MoE GPU tests, the e2e prefill with the new NVFP4 decode
 #     bash bench/gpu_session.sh s18         # 1 GPU: the register-capped 8-warp MoE tiles per launch, then the e2e prefill
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
+#     bash bench/gpu_session.sh bench-decode # 1 GPU: make bench's first part (then bench-mtp, bench-peers; merge
+#                                           #   on the CPU: python -m bench.e2e --merge --out DIR)
 #     bash bench/gpu_session.sh s19-attn    # 1 GPU: decode attention split to one KV tile a split: tests, bench, e2e
 #     bash bench/gpu_session.sh s19-bd      # 1 GPU: moe_bd_kernel's decode variants at T = 1, 4, 8; e2e batches 1 and 8
 #     bash bench/gpu_session.sh s19-check   # 1 GPU: session 18's unchecked changes: engine GPU tests, bench.host, MTP round
@@ -369,6 +371,13 @@ s18-decode)
     run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
         --batches 1,8,32 --decode_budget_s 6 --reference_peers "" --out "$OUT/e2e"
     pack s18-decode
+    ;;
+bench-decode|bench-mtp|bench-peers)
+    # `make bench` (issue 12) part by part, one device call each (each at most ten minutes on one H200); the
+    # parts' directories come back under $OUT/bench/PART. Join them on the CPU once all three are in:
+    # python -m bench.e2e --merge --out DIR (DIR/decode, DIR/mtp, DIR/peers: the parts' directories)
+    run "$1" 580 make GPU=1 "$1" BENCH_DIR="$OUT/bench"
+    pack "$1"
     ;;
 s19-attn)
     # Session 19: decode attention with one query splits its KV down to one tile a split, four programs an SM

@@ -7,45 +7,63 @@ import torch
 from bench.e2e import main, user_prompts
 
 
-def test_e2e_benchmark_smoke(tmp_path):
-    argv = ["--preset", "inkling-tiny", "--device", "cpu", "--prompt_len", "96", "--output_len", "14",
-            "--batches", "1,2", "--profile_batch", "2", "--profile_prefill", "--reference_tokens", "1",
-            "--reference_peers", "eager", "--out", str(tmp_path)]  # fmt: skip
+def test_e2e_benchmark_parts_and_merge(tmp_path):
+    """`make bench`'s three parts (Makefile: bench-decode, bench-mtp, bench-peers) in the CPU smoke shape,
+    then `--merge` into one table and plot."""
+    import runtime.engine
+
+    common = ["--preset", "inkling-tiny", "--device", "cpu"]
+    # the decode part (profiled here too)
+    argv = [*common, "--prompt_len", "96", "--output_len", "14", "--batches", "1,2", "--profile_batch", "2",
+            "--profile_prefill", "--reference_peers", "", "--out", str(tmp_path / "decode")]  # fmt: skip
     assert main(argv) == 0
-    r = json.loads((tmp_path / "results.json").read_text())
+    r = json.loads((tmp_path / "decode" / "results.json").read_text())
     assert set(r["ttft_s"]) == {"low", "mixed", "high"} and set(r["decode"]) == {"1", "2"}
     assert r["decode"]["1"]["tokens_per_request"] == 14 and r["decode"]["1"]["decode_steps_timed"] == 13
     assert r["decode"]["2"]["decode_steps_timed"] == 13 - 4  # 4 steps profiled, not timed
-    assert all(d["throughput_tokens_per_s"] > 0 for d in r["decode"].values())
-    assert r["reference"]["eager"]["s_per_token"] > 0
-    assert "4 decode steps at batch 2" in (tmp_path / "profile_batch2.txt").read_text()
-    assert "1 prefill of 96 tokens" in (tmp_path / "profile_prefill.txt").read_text()
-    table = (tmp_path / "results.md").read_text()
+    assert all(d["throughput_tokens_per_s"] > 0 for d in r["decode"].values()) and r["reference"] == {}
+    assert "4 decode steps at batch 2" in (tmp_path / "decode" / "profile_batch2.txt").read_text()
+    assert "1 prefill of 96 tokens" in (tmp_path / "decode" / "profile_prefill.txt").read_text()
+    table = (tmp_path / "decode" / "results.md").read_text()
     assert "time to first token" in table
     bounds = r["bound"]["decode_batch_step_s"]  # batch 2: more experts and KV than batch 1, less than twice
     assert bounds["1"] < bounds["2"] < 2 * bounds["1"] and "| throughput tokens/s, batch 2 |" in table
     assert f"(step {bounds['2'] * 1e3:.3g} ms)" in table
-    assert (tmp_path / "e2e.png").stat().st_size > 10_000
 
-
-def test_e2e_benchmark_with_mtp_smoke(tmp_path):
-    """--num_draft_tokens: the preset's heads are synthesized; random heads accept little, so tokens per
-    step stay near 1 (acceptance length >= 1 by the bonus token). --fixed_drafts keeps drafting (the
-    adaptive policy restored afterwards), with a draft vocabulary."""
-    import runtime.engine
-
+    # the MTP part: the preset's heads are synthesized; random heads accept little, so tokens per step stay
+    # near 1 (acceptance length >= 1 by the bonus token). --fixed_drafts keeps drafting (the adaptive policy
+    # restored afterwards), with a draft vocabulary.
     policy = runtime.engine.next_num_drafts
-    argv = ["--preset", "inkling-tiny", "--device", "cpu", "--prompt_len", "64", "--output_len", "10",
-            "--batches", "2", "--num_draft_tokens", "2", "--fixed_drafts", "--draft_vocab_size", "100",
-            "--reference_peers", "", "--out", str(tmp_path)]  # fmt: skip
+    argv = [*common, "--prompt_len", "64", "--output_len", "10", "--batches", "2", "--num_draft_tokens", "2",
+            "--fixed_drafts", "--draft_vocab_size", "100", "--reference_peers", "",
+            "--out", str(tmp_path / "mtp")]  # fmt: skip
     assert main(argv) == 0
     assert runtime.engine.next_num_drafts is policy
-    r = json.loads((tmp_path / "results.json").read_text())
-    d = r["decode"]["2"]
+    m = json.loads((tmp_path / "mtp" / "results.json").read_text())
+    d = m["decode"]["2"]
     assert d["tokens_per_request"] == 10 and 1.0 <= d["acceptance_length"] <= 3.0
-    assert r["fixed_drafts"] and r["draft_vocab_size"] == 100
+    assert m["fixed_drafts"] and m["draft_vocab_size"] == 100
     assert d["mtp_steps"] >= 2 * d["decode_steps_timed"]  # both requests drafted in every timed step
-    assert "MTP acceptance length, batch 2" in (tmp_path / "results.md").read_text()
+
+    # the peers part: the reference alone, no engine
+    argv = [*common, "--prompt_len", "96", "--peers_only", "--reference_tokens", "1", "--reference_peers", "eager",
+            "--out", str(tmp_path / "peers")]  # fmt: skip
+    assert main(argv) == 0
+    p = json.loads((tmp_path / "peers" / "results.json").read_text())
+    assert "decode" not in p and p["reference"]["eager"]["s_per_token"] > 0
+    assert p["reference"]["eager"]["tokens"] == 2
+
+    assert main(["--merge", "--out", str(tmp_path)]) == 0
+    merged = (tmp_path / "results.md").read_text()
+    for part in ("decode", "mtp", "peers"):
+        assert f"- part {part}: `python -m bench.e2e " in merged
+    assert (
+        "| time to first token, mixed prompt |" in merged and "| decode tokens/s per user, batch 1 " in merged
+    )
+    assert "| with 2 MTP drafts a step (every step), MTP acceptance length, batch 2 |" in merged
+    assert "reference model, eager" in merged and "ours at the smallest batch is" in merged
+    assert set(json.loads((tmp_path / "results.json").read_text())["parts"]) == {"decode", "mtp", "peers"}
+    assert (tmp_path / "e2e.png").stat().st_size > 10_000
 
 
 def test_tp_benchmark_smoke(tmp_path):

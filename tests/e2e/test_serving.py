@@ -40,8 +40,9 @@ from runtime import LLM, SamplingParams  # noqa: E402
 
 MAX_TOKENS = 8
 LIMITS = dict(
-    max_image_bytes=200_000, max_image_pixels=512 * 512, max_audio_bytes=400_000, max_audio_seconds=8.0
-)
+    max_image_bytes=200_000, max_image_pixels=512 * 512, max_audio_bytes=400_000, max_audio_seconds=8.0,
+    max_text_bytes=4096, max_images=2, max_audios=2,
+)  # fmt: skip
 PNG, WAV = demo_png(40, 24), demo_wav(0.5)
 PROMPTS = [
     {"text": "Hello there, how are you?"},
@@ -430,6 +431,28 @@ BAD = {
             ),
         ],
         "over the limit of 200000",
+    ),
+    "text over the byte limit": (
+        [text_in(b"Hi " * 1500)],
+        "text_input is 4500 bytes, over the limit of 4096",
+    ),
+    "too many images": (
+        [
+            text_in(b"<|image|> <|image|> <|image|>"),
+            raw_input("image_data_input", np.array([PNG] * 3, dtype=np.object_), "BYTES"),
+        ],
+        "3 images, over the limit of 2 per request",
+    ),
+    "too many audios": (
+        [
+            text_in(b"<|audio|> <|audio|> <|audio|>"),
+            raw_input("audio_data_input", np.array([WAV] * 3, dtype=np.object_), "BYTES"),
+        ],
+        "3 audios, over the limit of 2 per request",
+    ),
+    "image over the byte limit, as base64": (  # refused by its length, before it is decoded
+        [text_in(), raw_input("image_data_input", np.array([b"A" * 300_000], dtype=np.object_), "BYTES")],
+        "300000 bytes of base64, over the limit of 200000",
     ),
     "image over the pixel limit": (
         [text_in(), raw_input("image_data_input", np.array([big_png(1024)], dtype=np.object_), "BYTES")],
