@@ -614,3 +614,49 @@ def test_a_dead_engine_process_is_replaced(server, expected):
             http.close()
     assert out == expected[0]
     assert engine_processes(server) not in ([], [pid]) and server.process.poll() is None
+
+
+def _outward_address() -> str | None:
+    """This machine's address on its default route (a UDP connect sends nothing), if it has one."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_make_serve_binds_localhost_and_stops_cleanly(engine_f32, tmp_path):
+    """`make serve`'s command line as a user runs it (no --host): every endpoint on 127.0.0.1 only (an
+    outward address of this machine refuses the connection), ready, and on Ctrl-C (SIGINT) the server
+    stops and the command exits 0."""
+    import socket
+
+    ports = [free_port() for _ in range(3)]
+    cmd = [sys.executable, "-m", "model_repo.serve", "--engine", str(engine_f32[1]), "--work-dir", str(tmp_path),
+           "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # until it says it is ready (or exits)
+            lines.append(line)
+            if line.startswith("Triton ready"):
+                break
+        assert lines and lines[-1].startswith("Triton ready"), "".join(lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=5) as r:
+            assert r.status == 200
+        outward = _outward_address()
+        for port in ports if outward else ():
+            with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+                s.settimeout(5)
+                s.connect((outward, port))
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "Triton stopped" in rest, rest
