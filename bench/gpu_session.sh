@@ -48,6 +48,7 @@
 #     bash bench/gpu_session.sh s17         # 1 GPU: MoE GPU tests, the e2e prefill with the new NVFP4 decode
 #     bash bench/gpu_session.sh s18         # 1 GPU: the register-capped 8-warp MoE tiles per launch, then the e2e prefill
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
+#     bash bench/gpu_session.sh s20-attn    # 1 GPU: every attention GPU test, the 32K sliding prefill re-timed
 #     bash bench/gpu_session.sh bench-decode # 1 GPU: make bench's first part (then bench-mtp, bench-peers; merge
 #                                           #   on the CPU: python -m bench.e2e --merge --out DIR)
 #     bash bench/gpu_session.sh s19-attn    # 1 GPU: decode attention split to one KV tile a split: tests, bench, e2e
@@ -371,6 +372,14 @@ s18-decode)
     run e2e 280 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 128 \
         --batches 1,8,32 --decode_budget_s 6 --reference_peers "" --out "$OUT/e2e"
     pack s18-decode
+    ;;
+s20-attn)
+    # Session 19 (for the next): every attention GPU test in one run (the last whole run was s12-kernels,
+    # before 34 of today's 53 GPU tests existed), then the 32K sliding prefill with today's chunk form (its
+    # figure, 80.1 ms, is from the gather kernel of 2026-11-29)
+    run attn_test 420 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu
+    run attn 150 python3 bench/attention.py --only "prefill 32K" --out "$OUT/attn"
+    pack s20-attn
     ;;
 bench-decode|bench-mtp|bench-peers)
     # `make bench` (issue 12) part by part, one device call each (each at most ten minutes on one H200); the
