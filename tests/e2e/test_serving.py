@@ -501,16 +501,36 @@ def test_server_keeps_serving_after_bad_requests(server):
     assert wait_released(server) == {"held": 0, "running": 0}
 
 
-def test_bad_streaming_request_ends_its_stream_with_an_error(server):
+BAD_STREAMS = {  # a prompt and max_tokens, and the error's words (the engine's, then preprocessing's)
+    "max_tokens beyond the engine": ({"text": "Hi"}, 100_000, "max_seq_len"),
+    "undecodable image": (
+        {"text": "Hi <|image|>", "images": [b"\x89PNG not really"]},
+        4,
+        "cannot decode image",
+    ),
+    "too many images": ({"text": "<|image|>" * 3, "images": [PNG] * 3}, 4, "3 images, over the limit of 2"),
+    "audio over the duration limit": ({"text": "<|audio|>", "audios": [wav(9.0, 8000)]}, 4, "limit of 8.0 s"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_STREAMS))
+def test_bad_streaming_request_ends_its_stream_with_an_error(server, case):
+    """On gRPC's stream, a bad request's only response is its error, and the stream and server go on."""
+    prompt, max_tokens, message = BAD_STREAMS[case]
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     try:
-        client.async_stream_infer(
-            "ensemble", inputs(grpcclient, {"text": "Hi"}, max_tokens=100_000, stream=True)
-        )
+        client.async_stream_infer("ensemble", inputs(grpcclient, prompt, max_tokens=max_tokens, stream=True))
         res, err = got.get(timeout=30)
-        assert res is None and "max_seq_len" in str(err)
+        assert res is None and message in str(err), (res, err)
+        # the same stream then serves a good request to its end
+        client.async_stream_infer("ensemble", inputs(grpcclient, {"text": "Hi"}, max_tokens=2, stream=True))
+        while True:  # until a response carries the finish reason
+            res, err = got.get(timeout=60)
+            assert err is None, err
+            if res.as_numpy("finish_reason")[0]:
+                break
     finally:
         client.stop_stream()
         client.close()
