@@ -373,35 +373,45 @@ def launch_times(args: tuple, cfg: dict, want: torch.Tensor, keep) -> tuple[floa
 
 
 def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
-    """Every block-diagonal (bd) decode candidate of tune() (shared experts on the Triton path) at T
-    tokens: the whole op's error against the reference, and its routed GEMMs timed alone (CUDA-graph
-    replays) against their bytes over the bandwidth. Writes decode_kernels.json. (The mma and GEMV
-    candidates were 1.3-2.7x slower in session 8's run of this, BENCHMARKS.md.)"""
+    """Every block-diagonal (bd) decode candidate of tune() (shared experts on the Triton path) at T tokens,
+    as decode_sweep times them. Writes decode_kernels.json. (The mma and GEMV candidates were 1.3-2.7x
+    slower in session 8's run of this, BENCHMARKS.md.)"""
+
+    def configs(T: int) -> list[tuple[str, dict]]:
+        bd = [c for c in moe_launcher._candidates(T) if c.get("kernel") == "bd" and c["shared"] == "triton"]
+        return [(json.dumps({k: v for k, v in c.items() if k != "block_m"}), c) for c in bd]
+
+    decode_sweep(configs, tokens, os.path.join(out_dir, "decode_kernels.json"))
+
+
+def decode_sweep(configs, tokens, path: str) -> None:
+    """For each T and each (name, config) of configs(T): the op's error against the reference, its routed
+    GEMMs timed alone against their bytes over the bandwidth, and the whole op as tune() times it (with
+    its side stream), CUDA-graph replays. Writes the rows as JSON to `path`."""
     layer = make_layer()
     rows = []
     for T in tokens:
         args = op_args(layer, T, seed=T)
         want = torch.ops.inkling.expert_sink_moe(*args, "", "reference").float()
         n_exp = experts_touched(args[0], args[1])
-        for cfg in [
-            c for c in moe_launcher._candidates(T) if c.get("kernel") == "bd" and c["shared"] == "triton"
-        ]:
+        for name, cfg in configs(T):
             try:
-                err, times = launch_times(args, cfg, want, lambda name: "routed" in name)
+                err, times = launch_times(args, cfg, want, lambda part: "routed" in part)
+                op_us = moe_launcher._time(args, cfg) * 1e3
             except Exception as exc:  # noqa: BLE001
-                log(f"T={T} {json.dumps(cfg)}: failed {type(exc).__name__}: {str(exc)[:300]}")
+                log(f"T={T} {name}: failed {type(exc).__name__}: {str(exc)[:300]}")
                 continue
-            row = dict(T=T, config=cfg, err=err, **{k.replace(" ", "_") + "_us": v for k, v in times.items()})
-            for name, us in times.items():
-                row[name.replace(" ", "_") + "_bw"] = part_bytes(name, T, n_exp) / MEM_BW * 1e6 / us
+            row = dict(T=T, variant=name, config=cfg, err=err, op_us=op_us, bound_us=bound_us(T, n_exp)[0])
+            for part, us in times.items():
+                row[part.replace(" ", "_") + "_us"] = us
+                row[part.replace(" ", "_") + "_bw"] = part_bytes(part, T, n_exp) / MEM_BW * 1e6 / us
             rows.append(row)
-            g = cfg["gemm1"]
             log(
-                f"T={T} {cfg.get('kernel', 'mma'):4s} m{cfg['block_m']} n{g['block_n']} k{g['block_k']} "
-                f"w{g['num_warps']} s{g['num_stages']}: err {err:.1e} | gemm1 {times['gemm1 routed']:7.1f} us "
-                f"({row['gemm1_routed_bw']:.0%}) | gemm2 {times['gemm2 routed']:7.1f} us ({row['gemm2_routed_bw']:.0%})"
+                f"T={T} {name:38s} err {err:.1e} | op {op_us:6.1f} us (bound {row['bound_us']:.1f}) | gemm1 "
+                f"{times['gemm1 routed']:6.1f} us ({row['gemm1_routed_bw']:.0%}) | gemm2 {times['gemm2 routed']:6.1f}"
+                f" us ({row['gemm2_routed_bw']:.0%})"
             )
-    with open(os.path.join(out_dir, "decode_kernels.json"), "w") as f:
+    with open(path, "w") as f:
         json.dump(rows, f, indent=1)
 
 
@@ -475,35 +485,16 @@ DECODE_VARIANTS = [
 
 
 def decode_tiles(out_dir: str, tokens=(1, 4, 8)) -> None:
-    """DECODE_VARIANTS at T tokens: the op's error against the reference, its routed GEMMs timed alone and
-    the whole op (with its side stream, as tune() times it), CUDA-graph replays. Writes decode_tiles.json."""
-    layer = make_layer()
-    rows = []
-    for T in tokens:
-        args = op_args(layer, T, seed=T)
-        want = torch.ops.inkling.expert_sink_moe(*args, "", "reference").float()
-        n_exp = experts_touched(args[0], args[1])
+    """DECODE_VARIANTS at T tokens, as decode_sweep times them. Writes decode_tiles.json."""
+
+    def configs(T: int) -> list[tuple[str, dict]]:
         base = moe_launcher.select_config(None, T)
-        for name, top, g1, g2 in DECODE_VARIANTS:
-            cfg = {**base, **top, "gemm1": {**base["gemm1"], **g1}, "gemm2": {**base["gemm2"], **g2}}
-            try:
-                err, times = launch_times(args, cfg, want, lambda part: "routed" in part)
-                op_us = moe_launcher._time(args, cfg) * 1e3
-            except Exception as exc:  # noqa: BLE001
-                log(f"T={T} {name}: failed {type(exc).__name__}: {str(exc)[:300]}")
-                continue
-            row = dict(T=T, variant=name, config=cfg, err=err, op_us=op_us, bound_us=bound_us(T, n_exp)[0])
-            for part, us in times.items():
-                row[part.replace(" ", "_") + "_us"] = us
-                row[part.replace(" ", "_") + "_bw"] = part_bytes(part, T, n_exp) / MEM_BW * 1e6 / us
-            rows.append(row)
-            log(
-                f"T={T} {name:38s} err {err:.1e} | op {op_us:6.1f} us (bound {row['bound_us']:.1f}) | gemm1 "
-                f"{times['gemm1 routed']:6.1f} us ({row['gemm1_routed_bw']:.0%}) | gemm2 {times['gemm2 routed']:6.1f}"
-                f" us ({row['gemm2_routed_bw']:.0%})"
-            )
-    with open(os.path.join(out_dir, "decode_tiles.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+        return [
+            (name, {**base, **top, "gemm1": {**base["gemm1"], **g1}, "gemm2": {**base["gemm2"], **g2}})
+            for name, top, g1, g2 in DECODE_VARIANTS
+        ]
+
+    decode_sweep(configs, tokens, os.path.join(out_dir, "decode_tiles.json"))
 
 
 def overlap(out_dir: str, tokens=(1, 8, 64)) -> None:
