@@ -400,7 +400,6 @@ def _candidates(T: int) -> list[dict]:
                             "gemm1": {**tile, **g1}, "gemm2": {**tile, **g2}})  # fmt: skip
         # `n_first` (the grid's N tiles first, a config key) gave nothing here: 53.96 against 53.99 us for
         # GEMM 1 and 38.4 against 38.6 for GEMM 2 at T = 1 (s18-decode), so it is not a candidate.
-    if T <= 16:
         # tune()'s usual choice with GEMM 2's registers capped: 5-6 programs an SM instead of 4. H200, session
         # 19 (bench/moe.py --decode-tiles, bench/results/gpu-2026-12-01/s19-bd/), GEMM 2 alone at T = 1 / 4 /
         # 8: 37.9 / 119.2 / 223.3 us uncapped, 35.8 / 112.7 / 210.1 at 80 registers, 38.6 / 111.5 / 208.3 at
