@@ -15,6 +15,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -638,8 +639,6 @@ def test_a_dead_engine_process_is_replaced(server, expected):
 
 def _outward_address() -> str | None:
     """This machine's address on its default route (a UDP connect sends nothing), if it has one."""
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             s.connect(("10.255.255.255", 1))
@@ -653,8 +652,6 @@ def test_make_serve_binds_localhost_and_stops_cleanly(engine_f32, tmp_path):
     """`make serve`'s command line as a user runs it (no --host): every endpoint on 127.0.0.1 only (an
     outward address of this machine refuses the connection), ready, and on Ctrl-C (SIGINT) the server
     stops and the command exits 0."""
-    import socket
-
     ports = [free_port() for _ in range(3)]
     cmd = [sys.executable, "-m", "model_repo.serve", "--engine", str(engine_f32[1]), "--work-dir", str(tmp_path),
            "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]  # fmt: skip
