@@ -110,6 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         "a user",
     )
     ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature of the decode batches (0: greedy; a seed per user). Greedy batches of "
+        "32 and 64 on synthetic weights sped up after their first steps, past the bound of uniform routing "
+        "(most likely their users' tokens converged: the table's distinct tokens a step will say); "
+        "sampled batches did not",
+    )
+    ap.add_argument(
         "--num_draft_tokens",
         type=int,
         default=0,
@@ -210,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "draft_vocab_size": args.draft_vocab_size or None,
         "tune_max_tokens": args.tune_max_tokens if args.tune_max_tokens < 1 << 30 else None,
         "decode_prompts": "three tier prompts repeated" if args.shared_prompts else "one a user",
+        "temperature": args.temperature,
     }
     kv_len = args.prompt_len + args.output_len // 2  # a decode step's context, midway through the output
     bound = decode_step_bytes(config, kv_len)
@@ -325,9 +335,13 @@ def decode_run(
     each request's tokens."""
     eng = llm.engine
     drafts = getattr(args, "num_draft_tokens", 0)
-    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, num_draft_tokens=drafts)
+    temperature = getattr(args, "temperature", 0.0)
     names = [f"b{i}" for i in range(len(prompts))]
-    for name, ids in zip(names, prompts):
+    for i, (name, ids) in enumerate(zip(names, prompts)):
+        params = SamplingParams(
+            max_tokens=args.output_len, ignore_eos=True, num_draft_tokens=drafts,
+            temperature=temperature, seed=args.seed + i if temperature else None,
+        )  # fmt: skip
         eng.add_request(name, PromptInput(ids), params)
     tokens: dict[str, list[int]] = {name: [] for name in names}
 
@@ -337,6 +351,7 @@ def decode_run(
 
     accepted_before = (eng.acceptance.steps, eng.acceptance.tokens)
     steps: list[float] = []
+    distinct: list[int] = []  # distinct last tokens across the batch after each timed step
     capture_steps: list[float] = []  # steps that captured a CUDA graph (a one-time cost): not timed
     decoded = 0  # tokens of the timed steps, all requests (with MTP, up to 1 + drafts per step each)
     decoding_since = None
@@ -359,6 +374,7 @@ def decode_run(
             capture_steps.append(dt)
             continue
         steps.append(dt)
+        distinct.append(len({t[-1] for t in tokens.values()}))
         decoded += sum(len(t) for t in tokens.values()) - before
         # The budget counts decoding, not the one-time captures (with --compile a capture step compiles
         # the program for its bucket: 18 s for the MTP heads' first bucket on the H200).
@@ -375,6 +391,9 @@ def decode_run(
         "step_s_p10": tenths[0],
         "step_s_p90": tenths[-1],
         "step_s_first": steps[:8],
+        # A batch whose users emit the same tokens routes like fewer tokens: fewer experts than its bound's
+        "distinct_tokens_median": statistics.median(distinct),
+        "distinct_tokens_first_last": [distinct[0], distinct[-1]],
         "capture_steps_s": capture_steps,
         # Tokens over the timed steps' total time: 1 / mean step without MTP.
         "tokens_per_s_per_user": decoded / len(prompts) / sum(steps),
@@ -505,7 +524,8 @@ def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
         + (f"build in memory {r['build_s']:.1f} s; " if "build_s" in r else "")
         + f"CUDA graphs {'on' if r.get('cuda_graphs') else 'off'}; "
         f"torch.compile {'on' if r.get('compile') else 'off'}; MTP drafts per step {r.get('num_draft_tokens', 0)}; "
-        f"decode batches' prompts: {r.get('decode_prompts', 'three tier prompts repeated')}.",
+        f"decode batches' prompts: {r.get('decode_prompts', 'three tier prompts repeated')}; "
+        f"{_sampling(r)}.",
     ]
     for name, part in r.get("parts", {}).items():
         lines.append(f"- part {name}: `{part['command']}` ({part['device']}, {part['date']})")
@@ -536,13 +556,22 @@ def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+def _sampling(r: dict) -> str:
+    t = r.get("temperature", 0.0)
+    return f"sampled at temperature {t:g}, a seed per user" if t else "greedy"
+
+
 def _decode_rows(r: dict, label: str) -> list[str]:
     """The table's rows of r's decode batches (tokens/s per user and throughput against their bounds)."""
     b, lines = r["bound"], []
     for batch, d in r.get("decode", {}).items():
         per_user = d["tokens_per_s_per_user"]
+        distinct = ""
+        if "distinct_tokens_median" in d and int(batch) > 1:
+            first, last = d["distinct_tokens_first_last"]
+            distinct = f"; distinct tokens a step: median {d['distinct_tokens_median']:g}, first {first}, last {last}"
         lines.append(
-            f"| {label}decode tokens/s per user, batch {batch} ({d['tokens_per_request']} tokens each; step median "
+            f"| {label}decode tokens/s per user, batch {batch} ({d['tokens_per_request']} tokens each{distinct}; step median "
             f"{d['step_s_median'] * 1e3:.1f} ms, p10–p90 {d['step_s_p10'] * 1e3:.1f}–{d['step_s_p90'] * 1e3:.1f} ms) | "
             f"{per_user:.1f} | {b['tokens_per_s_per_user']:.0f} (batch 1) | {per_user / b['tokens_per_s_per_user']:.1%} |"
         )

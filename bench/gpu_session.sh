@@ -17,13 +17,14 @@
 #                                           #   GPU 1: the attention GPU sweeps, the sampling test, bench.load
 #     bash bench/gpu_session.sh serving     # 1 GPU: e2e batches 1 and 8 (compiled), then Triton vs in-process
 #     bash bench/gpu_session.sh serving-quick # 1 GPU: Triton (engine process, engine thread) vs in-process only
-#                                           #   (untuned tiny engine)
+#                                           #   (untuned tiny engine); serving and serving-quick need .carry/
+#                                           #   (bash bench/make_carry.sh on the CPU, then the run's carry [".carry"])
 #     bash bench/gpu_session.sh mtp-moe     # 1 GPU: bench.mtp, the MoE per-launch times, e2e with MTP at batch 1;
 #                                           #   beside them the moved-program test (tp ranks' device move)
 #     bash bench/gpu_session.sh tp-moe      # 2 GPUs: tp-tests, then bench.tp tp 2; beside them on GPU 1 (done
 #                                           #   before tp 2 needs it) the MoE GEMV GPU tests, bench/moe.py, e2e batch 1
 #     bash bench/gpu_session.sh moe-ncu     # 1 GPU: Nsight Compute on the MoE kernels at T = 1 (tensor cores, GEMV)
-#                                           #   (needs the .carry/ wheels, see BENCHMARKS "Serving on the GPU")
+#                                           #   (needs the .carry/ wheels: bash bench/make_carry.sh, carry [".carry"])
 #     bash bench/gpu_session.sh moe-e2e     # 1 GPU: the MoE decode candidates' GPU test at T = 1 and their times,
 #                                           #   then e2e-compiled (batches 1..64)
 #     bash bench/gpu_session.sh compile     # 1 GPU: e2e batches 1 and 8 as the runtime runs it, then with the step
@@ -116,7 +117,7 @@ serving_bench() {  # serving_bench LIMIT [builder flags...]: bench.serving on a 
     # (SERVING_ARGS: bench.serving's --requests and --engine-modes, in place of the default below)
     local limit=$1
     shift
-    # tritonserver and the stubs' wheels from .carry/ (pytriton's server, NumPy 1 for the stubs, tritonclient)
+    # tritonserver and the stubs' wheels from .carry/ (bench/make_carry.sh: pytriton's server, NumPy 1 for the stubs, tritonclient)
     mkdir -p /tmp/site && tar xJf .carry/pytriton.tar.xz -C /tmp/site &&
         python3 -m pip install -q --no-deps --no-index --target /tmp/site .carry/tritonclient-*.whl \
             .carry/python_rapidjson-*.whl >"$OUT/site.log" 2>&1

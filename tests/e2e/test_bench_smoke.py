@@ -25,7 +25,7 @@ def test_e2e_benchmark_parts_and_merge(tmp_path):
     assert "4 decode steps at batch 2" in (tmp_path / "decode" / "profile_batch2.txt").read_text()
     assert "1 prefill of 96 tokens" in (tmp_path / "decode" / "profile_prefill.txt").read_text()
     table = (tmp_path / "decode" / "results.md").read_text()
-    assert "time to first token" in table
+    assert "time to first token" in table and "; greedy." in table
     bounds = r["bound"]["decode_batch_step_s"]  # batch 2: more experts and KV than batch 1, less than twice
     assert bounds["1"] < bounds["2"] < 2 * bounds["1"] and "| throughput tokens/s, batch 2 |" in table
     assert f"(step {bounds['2'] * 1e3:.3g} ms)" in table
@@ -35,7 +35,7 @@ def test_e2e_benchmark_parts_and_merge(tmp_path):
     # restored afterwards), with a draft vocabulary.
     policy = runtime.engine.next_num_drafts
     argv = [*common, "--prompt_len", "64", "--output_len", "10", "--batches", "2", "--num_draft_tokens", "2",
-            "--fixed_drafts", "--draft_vocab_size", "100", "--reference_peers", "",
+            "--fixed_drafts", "--draft_vocab_size", "100", "--reference_peers", "", "--temperature", "1",
             "--out", str(tmp_path / "mtp")]  # fmt: skip
     assert main(argv) == 0
     assert runtime.engine.next_num_drafts is policy
@@ -44,6 +44,10 @@ def test_e2e_benchmark_parts_and_merge(tmp_path):
     assert d["tokens_per_request"] == 10 and 1.0 <= d["acceptance_length"] <= 3.0
     assert m["fixed_drafts"] and m["draft_vocab_size"] == 100
     assert d["mtp_steps"] >= 2 * d["decode_steps_timed"]  # both requests drafted in every timed step
+    # sampled (a seed per user), and the batch's distinct tokens a step recorded and shown
+    assert m["temperature"] == 1.0 and 1 <= d["distinct_tokens_median"] <= 2
+    table = (tmp_path / "mtp" / "results.md").read_text()
+    assert "sampled at temperature 1, a seed per user" in table and "distinct tokens a step: median" in table
 
     # the peers part: the reference alone, no engine
     argv = [*common, "--prompt_len", "96", "--peers_only", "--reference_tokens", "1", "--reference_peers", "eager",
