@@ -80,9 +80,9 @@ serve: $(STAMP)
 # tests/e2e/test_bench_smoke.py). Three parts of at most ten minutes each on one H200 (each one `make
 # bench-PART` of its own where a machine is lent ten minutes at a time), then one table and plot of them
 # all in $(BENCH_DIR)/results.md and e2e.png: first tokens and decode batches; MTP with 3 drafts every step;
-# the reference model eager and under torch.compile. The decode batches sample (temperature 1, a seed per
-# user): greedy batches of 32 and 64 on synthetic weights sped up after their first steps, past the bound of
-# uniform routing, most likely as their users' tokens converged (BENCHMARKS.md, run 17).
+# the reference model eager and under torch.compile. The decode and MTP batches sample (temperature 1, a
+# seed per user): greedy batches of 32 and 64 on synthetic weights sped up after their first steps, past
+# the bound of uniform routing, most likely as their users' tokens converged (BENCHMARKS.md, run 17).
 BENCH_ARGS ?= --preset inkling-bench --device cuda --cuda_graphs --compile
 BENCH_DIR ?= build/bench-e2e
 bench: bench-decode bench-mtp bench-peers
@@ -92,8 +92,8 @@ bench-decode: $(STAMP)
 	$(PY) -m bench.e2e $(BENCH_ARGS) --decode_budget_s 45 --temperature 1 --reference_peers "" --out $(BENCH_DIR)/decode
 
 bench-mtp: $(STAMP)
-	$(PY) -m bench.e2e $(BENCH_ARGS) --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 --batches 1,8 \
-		--tune_max_tokens 16 --decode_budget_s 45 --reference_peers "" --out $(BENCH_DIR)/mtp
+	$(PY) -m bench.e2e $(BENCH_ARGS) --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 \
+		--tune_max_tokens 256 --decode_budget_s 30 --temperature 1 --reference_peers "" --out $(BENCH_DIR)/mtp
 
 bench-peers: $(STAMP)
 	$(PY) -m bench.e2e $(BENCH_ARGS) --peers_only --out $(BENCH_DIR)/peers

@@ -50,6 +50,8 @@
 #     bash bench/gpu_session.sh s18         # 1 GPU: the register-capped 8-warp MoE tiles per launch, then the e2e prefill
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
 #     bash bench/gpu_session.sh s20-attn    # 1 GPU: every attention GPU test, the 32K sliding prefill re-timed
+#     bash bench/gpu_session.sh s21-moe-batch # 1 GPU: moe_bd_kernel at T = 32, 64 (tests, times), e2e batches 32, 64
+#     bash bench/gpu_session.sh s21-attn-all # 1 GPU: bench/attention.py over every workload, peers included
 #     bash bench/gpu_session.sh bench-decode # 1 GPU: make bench's first part (then bench-mtp, bench-peers; merge
 #                                           #   on the CPU: python -m bench.e2e --merge --out DIR)
 #     bash bench/gpu_session.sh s19-attn    # 1 GPU: decode attention split to one KV tile a split: tests, bench, e2e
@@ -381,6 +383,24 @@ s20-attn)
     run attn_test 420 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu
     run attn 150 python3 bench/attention.py --only "prefill 32K" --out "$OUT/attn"
     pack s20-attn
+    ;;
+s21-moe-batch)
+    # Session 20 (for the next): moe_bd_kernel as tune() candidates for 16 < T <= 128 (batch 32-64 decode,
+    # MTP verifies). Their GPU test at T = 64, the bd candidates' routed GEMMs and op at T = 32 and 64
+    # (bench/moe.py --decode-kernels), then the e2e sampled batches 32 and 64 with tune() choosing (the mma
+    # tiles' figures: 18.6 / 27.4 ms a step, bench/results/gpu-2026-12-02/s20-sampled/)
+    run moe_test 150 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "decode_kernels_bf16"
+    run moe_bd 150 python3 bench/moe.py --decode-kernels 32,64 --out "$OUT/moe"
+    run e2e 260 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 256 \
+        --batches 32,64 --decode_budget_s 10 --tune_max_tokens 64 --temperature 1 --reference_peers "" --out "$OUT/e2e"
+    pack s21-moe-batch
+    ;;
+s21-attn-all)
+    # Session 20 (for the next): issue 7's one run of bench/attention.py over every workload with the
+    # current kernels and peers (the table of 2026-11-29 predates them; its rows were re-timed one by one
+    # since). One process a workload, each its share of the budget
+    run attn_all 580 python3 bench/attention.py --budget-s 520 --out "$OUT/attn"
+    pack s21-attn-all
     ;;
 bench-decode|bench-mtp|bench-peers)
     # `make bench` (issue 12) part by part, one device call each (each at most ten minutes on one H200); the

@@ -372,6 +372,14 @@ def launch_times(args: tuple, cfg: dict, want: torch.Tensor, keep) -> tuple[floa
     return err, {name: bench(run)[0] * 1e3 for name, run in launches if keep(name)}
 
 
+# tune()'s pick at T = 64 in session 20's e2e build (bench/results/gpu-2026-12-01/bench-decode/, 3.68 ms)
+BATCH_MMA = {
+    "block_m": 16, "shared": "torch", "overlap": True,
+    "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
+    "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
+}  # fmt: skip
+
+
 def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
     """Every block-diagonal (bd) decode candidate of tune() (shared experts on the Triton path) at T tokens,
     as decode_sweep times them. Writes decode_kernels.json. (The mma and GEMV candidates were 1.3-2.7x
@@ -379,7 +387,10 @@ def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
 
     def configs(T: int) -> list[tuple[str, dict]]:
         bd = [c for c in moe_launcher._candidates(T) if c.get("kernel") == "bd" and c["shared"] == "triton"]
-        return [(json.dumps({k: v for k, v in c.items() if k != "block_m"}), c) for c in bd]
+        named = [(json.dumps({k: v for k, v in c.items() if k != "block_m" or T > 16}), c) for c in bd]
+        if T > 16:  # beside them, the tensor-core tiles tune() chose for T = 64 (session 20's e2e build)
+            named.append(("mma " + json.dumps(BATCH_MMA), BATCH_MMA))
+        return named
 
     decode_sweep(configs, tokens, os.path.join(out_dir, "decode_kernels.json"))
 

@@ -409,6 +409,19 @@ def _candidates(T: int) -> list[dict]:
         best = {"block_m": 1, "kernel": "bd", "shared": "triton", "overlap": True,
                 "gemm1": {**tile, **stack, **one}, "gemm2": {**tile, **kmaj}}  # fmt: skip
         out += [{**best, "gemm2": {**best["gemm2"], "maxnreg": cap}} for cap in (80, 96)]
+    elif T <= 128:
+        # The block-diagonal decode kernel for batches of decode and verify rows (batch 32-64 steps, MTP
+        # verifies): a touched expert holds 1-2 of their rows, and the tensor-core tiles above decode its
+        # weights for a 16-row block. H200 (session 20, tune()'s log in bench/results/gpu-2026-12-01/
+        # bench-decode/): the T = 64 op took 3.68 ms on the best of those tiles, its ~200 touched experts' 11 G
+        # weights at about 3 T a second; this kernel ran T = 8's op (48 one-row blocks of 55 M weights) in
+        # 651 us, about 4 T a second. Rows a block: 1, 2 or 4 (the dot's columns grow with them, the weight
+        # decode does not). Not yet timed at these T: tune() keeps whichever is faster.
+        tile = {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3}
+        for m in (1, 2, 4):
+            out.append({"block_m": m, "kernel": "bd", "shared": "triton",
+                        "gemm1": {**tile, "stack_gu": True, "one_dot": True},
+                        "gemm2": {**tile, "k_major_a": True}})  # fmt: skip
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (expert_sink_moe's
         # docstring), for the decode kernels and the small tensor-core tiles

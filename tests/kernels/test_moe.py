@@ -231,6 +231,7 @@ def test_triton_gemv_matches_reference(T, shared, block_m):
         (3, 4, 64, 2.0**17, False, False, False, False),
         (1, 1, 256, 2.0**17, True, False, True, False),
         (9, 2, 128, 1.0, False, False, True, True),
+        (9, 4, 256, 2.0**17, True, True, True, False),  # as tune()'s bd candidates for 16 < T <= 128
     ],
 )
 def test_triton_bd_matches_reference(T, block_m, block_k, scale, stack, k_major, one_dot, n_first):
@@ -366,10 +367,11 @@ def test_triton_gpu_cuda_graph():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("T", [1, 3, 16])
+@pytest.mark.parametrize("T", [1, 3, 16, 64])
 def test_triton_gpu_decode_kernels_bf16(T):
     """The decode kernels (the GEMV and the block-diagonal tensor-core one) at inkling-bench shapes, in
-    every tile shape tune() may pick, against the reference op and against the tensor-core kernel."""
+    every tile shape tune() may pick (the decode bucket's; at T = 64 the bd candidates of batches and
+    verifies), against the reference op and against the tensor-core kernel."""
     c = dict(H=7168, I=2560, E=256, S=2, top_k=6)
     router, packed, sw13, sw2 = _layer(
         c["H"], c["I"], c["E"], c["S"], c["top_k"], seed=T, dtype=torch.bfloat16
@@ -378,7 +380,7 @@ def test_triton_gpu_decode_kernels_bf16(T):
     args = _args(x, router, packed, sw13, sw2, c["E"], c["top_k"])
     want = torch.ops.inkling.expert_sink_moe(*args, "reference").float()
     mma = torch.ops.inkling.expert_sink_moe(*args, "triton").float()
-    for cfg in [k for k in moe_launcher._candidates(1) if k.get("kernel") in ("gemv", "bd")]:
+    for cfg in [k for k in moe_launcher._candidates(min(T, 64)) if k.get("kernel") in ("gemv", "bd")]:
         table = json.dumps({"version": 1, "buckets": [{"max_tokens": 1 << 30, **cfg}]})
         y = torch.ops.inkling.expert_sink_moe(
             *_args(x, router, packed, sw13, sw2, c["E"], c["top_k"], table), "triton"
