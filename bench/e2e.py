@@ -578,10 +578,15 @@ def _decode_rows(r: dict, label: str) -> list[str]:
         step_bound = b.get("decode_batch_step_s", {}).get(str(batch))
         if step_bound and int(batch) > 1 and not r.get("num_draft_tokens"):
             # the batch's own bound: the experts its distinct sequences touch, and their KV
+            fraction = d["throughput_tokens_per_s"] * step_bound / int(batch)
+            # Above it, the batch read fewer experts than uniform routing gives its users (session 20's
+            # greedy batches, BENCHMARKS.md run 17): the row is not a figure of the engine
+            above = (
+                " (above the bound: the batch routed like fewer users; not a figure)" if fraction > 1 else ""
+            )
             lines.append(
                 f"| {label}throughput tokens/s, batch {batch} | {d['throughput_tokens_per_s']:.1f} | "
-                f"{int(batch) / step_bound:.0f} (step {step_bound * 1e3:.3g} ms) | "
-                f"{d['throughput_tokens_per_s'] * step_bound / int(batch):.1%} |"
+                f"{int(batch) / step_bound:.0f} (step {step_bound * 1e3:.3g} ms) | {fraction:.1%}{above} |"
             )
         else:
             lines.append(
