@@ -20,7 +20,7 @@ into --out.
 `bench-mtp`, `bench-peers`, each into its own directory), then `--merge` joins them into one table and plot:
 
     python -m bench.e2e ... --out OUT/decode            # first tokens and decode batches, no MTP, no peers
-    python -m bench.e2e ... --num_draft_tokens 3 --fixed_drafts --batches 1,8 --out OUT/mtp
+    python -m bench.e2e ... --num_draft_tokens 3 --fixed_drafts --out OUT/mtp
     python -m bench.e2e ... --peers_only --out OUT/peers   # the reference peers alone (no engine)
     python -m bench.e2e --merge --out OUT               # OUT/results.md, results.json, e2e.png
 """

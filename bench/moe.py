@@ -372,12 +372,13 @@ def launch_times(args: tuple, cfg: dict, want: torch.Tensor, keep) -> tuple[floa
     return err, {name: bench(run)[0] * 1e3 for name, run in launches if keep(name)}
 
 
-# tune()'s pick at T = 64 in session 20's e2e build (bench/results/gpu-2026-12-01/bench-decode/, 3.68 ms)
+# tune()'s pick at T = 64 in session 20's e2e build (bench/results/gpu-2026-12-01/bench-decode/, 3.68 ms):
+# the default tiles of T = 64's bucket, the shared experts through cuBLAS on the side stream
 BATCH_MMA = {
-    "block_m": 16, "shared": "torch", "overlap": True,
-    "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
-    "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
-}  # fmt: skip
+    **{k: v for k, v in moe_launcher.select_config(None, 64).items() if k != "max_tokens"},
+    "shared": "torch",
+    "overlap": True,
+}
 
 
 def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:

@@ -23,16 +23,18 @@ from . import decode_kernels, kernels
 # "bd" decode rows on tensor cores through a block-diagonal activation operand (decode_kernels.moe_bd_kernel).
 KERNELS = ("mma", "gemv", "bd")
 
+# moe_bd_kernel's tile, and its GEMMs' keys as tune() picks them at decode sizes (_candidates has the
+# measurements): GEMM 1's gate and up rows stacked in one dot a step, GEMM 2's activation row K-contiguous.
+BD_TILE = {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3}
+BD_GEMMS = {"gemm1": {**BD_TILE, "stack_gu": True, "one_dot": True}, "gemm2": {**BD_TILE, "k_major_a": True}}
+
 # One config per bucket of T (tokens per call). block_m is shared by both GEMMs (it sets the row
 # alignment); each GEMM has its own N/K tiles, warps and pipeline stages. "kernel": "gemv" (decode
 # only: a few rows per block on CUDA cores) instead of the tensor-core "mma" default.
 DEFAULT_TABLE: dict = {
     "version": 1,
     "buckets": [
-        {"max_tokens": 16, "block_m": 1, "kernel": "bd", "overlap": True,
-         "gemm1": {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3, "stack_gu": True,
-                   "one_dot": True},
-         "gemm2": {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3, "k_major_a": True}},
+        {"max_tokens": 16, "block_m": 1, "kernel": "bd", "overlap": True, **BD_GEMMS},
         {"max_tokens": 128, "block_m": 16,
          "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
          "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}},
@@ -386,7 +388,6 @@ def _candidates(T: int) -> list[dict]:
         # (bench/results/gpu-2026-11-30/s11/moe-e2e/): the activation row's range read in one load before
         # the main loop 54.5 -> 53.9 us (noise), two warpgroups on the 128 stacked rows 73.3 us, GEMM 2
         # with block_k 128 and 4 stages 45.5 us, 4 stages on GEMM 1 over the shared memory: all dropped.
-        tile = {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3}
         plain, kmaj, one = {}, {"k_major_a": True}, {"one_dot": True}
         stack = {"stack_gu": True}
         for g1, g2 in [
@@ -397,7 +398,7 @@ def _candidates(T: int) -> list[dict]:
         ]:
             for shared in ("triton", "torch"):
                 out.append({"block_m": 1, "kernel": "bd", "shared": shared,
-                            "gemm1": {**tile, **g1}, "gemm2": {**tile, **g2}})  # fmt: skip
+                            "gemm1": {**BD_TILE, **g1}, "gemm2": {**BD_TILE, **g2}})  # fmt: skip
         # `n_first` (the grid's N tiles first, a config key) gave nothing here: 53.96 against 53.99 us for
         # GEMM 1 and 38.4 against 38.6 for GEMM 2 at T = 1 (s18-decode), so it is not a candidate.
         # tune()'s usual choice with GEMM 2's registers capped: 5-6 programs an SM instead of 4. H200, session
@@ -406,8 +407,7 @@ def _candidates(T: int) -> list[dict]:
         # 96; the op 1-2% faster. Measured there and not candidates: GEMM 2 with block_k 128 (5-9% slower),
         # GEMM 1 with block_k 128 or block_n 32 (8-33% slower), and the routed branch on a stream of higher
         # priority (CUDA graphs keep a node's priority; within 0.3% of the default at every T).
-        best = {"block_m": 1, "kernel": "bd", "shared": "triton", "overlap": True,
-                "gemm1": {**tile, **stack, **one}, "gemm2": {**tile, **kmaj}}  # fmt: skip
+        best = {"block_m": 1, "kernel": "bd", "shared": "triton", "overlap": True, **BD_GEMMS}
         out += [{**best, "gemm2": {**best["gemm2"], "maxnreg": cap}} for cap in (80, 96)]
     elif T <= 128:
         # The block-diagonal decode kernel for batches of decode and verify rows (batch 32-64 steps, MTP
@@ -417,11 +417,7 @@ def _candidates(T: int) -> list[dict]:
         # weights at about 3 T a second; this kernel ran T = 8's op (48 one-row blocks of 55 M weights) in
         # 651 us, about 4 T a second. Rows a block: 1, 2 or 4 (the dot's columns grow with them, the weight
         # decode does not). Not yet timed at these T: tune() keeps whichever is faster.
-        tile = {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3}
-        for m in (1, 2, 4):
-            out.append({"block_m": m, "kernel": "bd", "shared": "triton",
-                        "gemm1": {**tile, "stack_gu": True, "one_dot": True},
-                        "gemm2": {**tile, "k_major_a": True}})  # fmt: skip
+        out += [{"block_m": m, "kernel": "bd", "shared": "triton", **BD_GEMMS} for m in (1, 2, 4)]
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (expert_sink_moe's
         # docstring), for the decode kernels and the small tensor-core tiles
