@@ -31,6 +31,7 @@ import argparse
 import inspect
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -45,6 +46,8 @@ from runtime import LLM, PromptInput, SamplingParams
 
 from .bound import decode_batch_seconds, decode_step_bytes, prefill_flops
 from .profiling import write_profile
+
+DEFAULT_BATCHES = "1,8,32,64"  # the decode batches: batch 1, then throughput at 8, 32 and 64 (issue 12)
 
 
 def tier_texts() -> dict[str, str]:
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--prompt_len", type=int, default=8192)
     ap.add_argument("--output_len", type=int, default=1024)
-    ap.add_argument("--batches", default="1,8,32,64", help="batch sizes of the decode throughput runs")
+    ap.add_argument("--batches", default=DEFAULT_BATCHES, help="batch sizes of the decode throughput runs")
     ap.add_argument(
         "--shared_prompts",
         action="store_true",
@@ -220,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "tune_max_tokens": args.tune_max_tokens if args.tune_max_tokens < 1 << 30 else None,
         "decode_prompts": "three tier prompts repeated" if args.shared_prompts else "one a user",
         "temperature": args.temperature,
+        "batches": [] if args.peers_only else [int(b) for b in args.batches.split(",")],
     }
     kv_len = args.prompt_len + args.output_len // 2  # a decode step's context, midway through the output
     bound = decode_step_bytes(config, kv_len)
@@ -515,6 +519,16 @@ def load(path: str) -> dict:
         return json.load(f)
 
 
+def _requested_batches(r: dict) -> list[int]:
+    """The decode batches a run was asked for: recorded since session 21, else read from its command."""
+    if "batches" in r:
+        return r["batches"]
+    if "--peers_only" in r["command"]:
+        return []
+    m = re.search(r"--batches[ =](\S+)", r["command"])
+    return [int(b) for b in (m.group(1) if m else DEFAULT_BATCHES).split(",")]
+
+
 def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
     """results.md of one run (results.json's dict), or of make bench's merged parts: then `mtp`, the MTP
     part's results, adds its decode rows, and the peers compare with `r`'s smallest batch."""
@@ -528,7 +542,13 @@ def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
         f"{_sampling(r)}.",
     ]
     for name, part in r.get("parts", {}).items():
-        lines.append(f"- part {name}: `{part['command']}` ({part['device']}, {part['date']})")
+        missing = [b for b in _requested_batches(part) if str(b) not in part.get("decode", {})]
+        lost = (
+            f"; batches {', '.join(map(str, missing))} not measured (the run ended before them: see its log)"
+        )
+        lines.append(
+            f"- part {name}: `{part['command']}` ({part['device']}, {part['date']}){lost if missing else ''}"
+        )
     lines += ["", "| measure | ours | bound | fraction of bound |", "|---|---|---|---|"]
     for tier, s in r.get("ttft_s", {}).items():
         lines.append(

@@ -51,6 +51,7 @@
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
 #     bash bench/gpu_session.sh s20-attn    # 1 GPU: every attention GPU test, the 32K sliding prefill re-timed
 #     bash bench/gpu_session.sh s21-moe-batch # 1 GPU: moe_bd_kernel at T = 32, 64 (tests, times), e2e batches 32, 64
+#     bash bench/gpu_session.sh s22-check   # 1 GPU: the attention GPU tests (scratch slots), e2e batch 32 (MoE T = 32 bucket)
 #     bash bench/gpu_session.sh s21-attn-all # 1 GPU: bench/attention.py over every workload, peers included
 #     bash bench/gpu_session.sh bench-decode # 1 GPU: make bench's first part (then bench-mtp, bench-peers; merge
 #                                           #   on the CPU: python -m bench.e2e --merge --out DIR)
@@ -394,6 +395,17 @@ s21-moe-batch)
     run e2e 260 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 256 \
         --batches 32,64 --decode_budget_s 10 --tune_max_tokens 64 --temperature 1 --reference_peers "" --out "$OUT/e2e"
     pack s21-moe-batch
+    ;;
+s22-check)
+    # Session 21 (for the next): its two unchecked changes. The attention kernel's scratch is now one slot
+    # per query tile that exists (an 8K prefill beside 31 decodes asked 10 GiB and ended make bench-mtp at
+    # batch 32): every attention GPU test. MoE tune() has a bucket for T = 17-32, where moe_bd_kernel ran the
+    # op in 2.43 ms against the tensor-core tiles' 2.66: the e2e sampled batch 32 (18.5-18.7 ms a step with
+    # T = 64's tiles, bench/results/gpu-2026-12-02/)
+    run attn_test 400 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu
+    run e2e 170 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 256 \
+        --batches 32 --decode_budget_s 10 --tune_max_tokens 32 --temperature 1 --reference_peers "" --out "$OUT/e2e"
+    pack s22-check
     ;;
 s21-attn-all)
     # Session 20 (for the next): issue 7's one run of bench/attention.py over every workload with the

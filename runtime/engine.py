@@ -210,7 +210,8 @@ class LLMEngine:
         if params.num_draft_tokens > self.runner.num_heads:
             raise ValueError(
                 f"num_draft_tokens {params.num_draft_tokens} exceeds this engine's {self.runner.num_heads} MTP "
-                "heads" + ("" if self.runner.num_heads else " (built without heads or with max_draft_len 0)")
+                f"heads (the model's {self.config.num_mtp_heads}, at most max_draft_len "
+                f"{self.build.max_draft_len}; none if built without heads)"
             )
 
     def try_add_request(
@@ -451,8 +452,11 @@ class LLMEngine:
                 )
             else:
                 probs = torch.softmax(torch.stack([filter_logits(r, params) for r in real]), -1).cpu()
-                q = one_hot_probs(drafts, probs.shape[-1])
-                tokens = rejection_sample(drafts, q, probs, state.draft_generator)
+                # Heads over a draft vocabulary may pick an id past the tokenizer's: the target gives it
+                # probability 0, so it is rejected and nothing after it is read.
+                n = next((i for i, d in enumerate(drafts) if d >= self.num_real_tokens), k)
+                q = one_hot_probs(drafts[:n], probs.shape[-1])
+                tokens = rejection_sample(drafts[:n], q, probs[: n + 1], state.draft_generator)
             logprobs = None
             if params.logprobs is not None:
                 logp = torch.log_softmax(real.float(), -1)

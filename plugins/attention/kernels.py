@@ -543,16 +543,20 @@ def sheared_bias_attention_kernel(
     head0 = (tl.program_id(1) % heads_per_seq) * HEADS
     kv_head = head0 // GROUP
     split = tl.program_id(2)
-    program = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + split
-    if U_WIDTH > 0:
-        scratch_ptr += program.to(tl.int64) * (BLOCK_Q * U_WIDTH)
-    else:
-        scratch_ptr += program.to(tl.int64) * (BLOCK_Q * BAND)
 
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     if q_tile * BLOCK_Q >= q_len:
         return
+    # The scratch holds one slot per query tile that exists, not per program of the (longest sequence's
+    # tiles x sequences) grid: tile t of sequence b takes slot q_start // BLOCK_Q + b + t, distinct for
+    # every (b, t) and below num_tokens // BLOCK_Q + B (scratch_slots).
+    slot = q_start // BLOCK_Q + seq + q_tile
+    program = (slot * heads_per_seq + tl.program_id(1) % heads_per_seq) * num_splits + split
+    if U_WIDTH > 0:
+        scratch_ptr += program.to(tl.int64) * (BLOCK_Q * U_WIDTH)
+    else:
+        scratch_ptr += program.to(tl.int64) * (BLOCK_Q * BAND)
     seq_len = tl.load(seq_lens_ptr + seq)
     first_pos = seq_len - q_len + q_tile * BLOCK_Q  # position of the tile's query 0
     last_pos = seq_len - q_len + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1

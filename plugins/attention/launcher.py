@@ -239,6 +239,13 @@ def scratch_row(constexprs: dict) -> int:
     return constexprs["U_WIDTH"] or (constexprs["BAND"] if constexprs["SCRATCH"] else 0)
 
 
+def scratch_slots(num_tokens: int, num_seqs: int, block_q: int) -> int:
+    """Query tiles that can exist over `num_seqs` sequences of `num_tokens` in all: the kernel's scratch
+    slots (its slot q_start // block_q + b + t). Not the grid's tiles of the longest sequence times the
+    sequences: an 8K prefill beside 31 decodes would take 32 times its own scratch (10 GiB, seen)."""
+    return num_tokens // block_q + num_seqs
+
+
 def sheared_bias_attention(
     q: torch.Tensor,  # [T, Hq, D]
     r: torch.Tensor,  # [T, Hq, Dr]
@@ -307,7 +314,7 @@ def sheared_bias_attention(
     row = scratch_row(constexprs)
     if row:
         scratch = torch.empty(
-            (grid[0] * grid[1] * grid[2], config.block_q, row),
+            (scratch_slots(T, B, config.block_q) * grid[1] // B * splits, config.block_q, row),
             dtype=table_dtype(config),
             device=q.device,
         )

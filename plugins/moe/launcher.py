@@ -410,14 +410,13 @@ def _candidates(T: int) -> list[dict]:
         best = {"block_m": 1, "kernel": "bd", "shared": "triton", "overlap": True, **BD_GEMMS}
         out += [{**best, "gemm2": {**best["gemm2"], "maxnreg": cap}} for cap in (80, 96)]
     elif T <= 128:
-        # The block-diagonal decode kernel for batches of decode and verify rows (batch 32-64 steps, MTP
+        # The block-diagonal decode kernel for batches of decode and verify rows (batch 32 steps, MTP
         # verifies): a touched expert holds 1-2 of their rows, and the tensor-core tiles above decode its
-        # weights for a 16-row block. H200 (session 20, tune()'s log in bench/results/gpu-2026-12-01/
-        # bench-decode/): the T = 64 op took 3.68 ms on the best of those tiles, its ~200 touched experts' 11 G
-        # weights at about 3 T a second; this kernel ran T = 8's op (48 one-row blocks of 55 M weights) in
-        # 651 us, about 4 T a second. Rows a block: 1, 2 or 4 (the dot's columns grow with them, the weight
-        # decode does not). Not yet timed at these T: tune() keeps whichever is faster.
-        out += [{"block_m": m, "kernel": "bd", "shared": "triton", **BD_GEMMS} for m in (1, 2, 4)]
+        # weights for a 16-row block. H200, session 21 (bench/moe.py --decode-kernels 32,64,
+        # bench/results/gpu-2026-12-02/s21-moe-batch/): the op at T = 32 took 2.43 ms with one row a block
+        # against 2.66 on the best tensor-core tiles, at T = 64 4.75 against 3.73. Two and four rows a block
+        # took 2.5 and 5 times as long as one (6.1 and 12.2 ms at T = 32), so they are not candidates.
+        out.append({"block_m": 1, "kernel": "bd", "shared": "triton", **BD_GEMMS})
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (expert_sink_moe's
         # docstring), for the decode kernels and the small tensor-core tiles
@@ -431,8 +430,8 @@ def _candidates(T: int) -> list[dict]:
 
 def tune(
     make_inputs,
-    token_buckets=(1, 16, 128, 1024, 1 << 30),
-    sample_tokens=(1, 8, 64, 512, 4096),
+    token_buckets=(1, 16, 32, 128, 1024, 1 << 30),
+    sample_tokens=(1, 8, 32, 64, 512, 4096),
     max_tokens: int = 1 << 30,
     log=print,
 ) -> dict:
@@ -440,7 +439,8 @@ def tune(
 
     make_inputs(T) -> the positional arguments of expert_sink_moe (without config) for T tokens.
     Each bucket is tuned at its sample T; batch-1 decode has a bucket of its own, since at T = 8 another
-    candidate may win. Candidates fix both GEMMs' tiles. A bucket sampled above `max_tokens` keeps the
+    candidate may win, and so has T = 17-32 (batch 32 decode, batch 8 verifying 3 drafts), where the
+    decode kernel beat the tensor-core tiles that win at T = 64. Candidates fix both GEMMs' tiles. A bucket sampled above `max_tokens` keeps the
     default tiles, untimed.
     """
     table = {"version": 1, "buckets": []}

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from bench.e2e import _decode_rows, main, user_prompts
+from bench.e2e import _decode_rows, _requested_batches, main, user_prompts, write_table
 
 
 def test_e2e_benchmark_parts_and_merge(tmp_path):
@@ -204,3 +204,23 @@ def test_batch_above_its_bound_is_flagged():
     rows = {line.split(" | ")[0]: line for line in _decode_rows(json.loads(path.read_text()), "")}
     assert "105.5% (above the bound" in rows["| throughput tokens/s, batch 32"]
     assert "above the bound" not in rows["| throughput tokens/s, batch 8"]
+
+
+def test_merged_table_names_batches_a_part_did_not_measure(tmp_path):
+    """Session 21's make bench on the H200 (committed results): the MTP part ran out of memory after its
+    batches 1 and 8, so the merged table says batches 32 and 64 were not measured; the decode part, which
+    measured all four, says nothing. Old parts without "batches" are read from their command."""
+    root = Path(__file__).parents[2] / "bench/results/gpu-2026-12-02"
+    parts = {
+        "decode": json.loads((root / "bench-decode/bench/decode/results.json").read_text()),
+        "mtp": json.loads((root / "bench-mtp/bench/mtp/results.json").read_text()),
+    }
+    assert "batches" not in parts["mtp"]
+    merged = {**parts["decode"], "reference": {}, "parts": parts}
+    write_table(merged, tmp_path / "results.md", mtp=parts["mtp"])
+    lines = {line.split(":")[0]: line for line in (tmp_path / "results.md").read_text().splitlines()}
+    assert lines["- part mtp"].endswith(
+        "; batches 32, 64 not measured (the run ended before them: see its log)"
+    )
+    assert "not measured" not in lines["- part decode"]
+    assert _requested_batches({**parts["mtp"], "batches": [1, 8]}) == [1, 8]

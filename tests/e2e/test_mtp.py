@@ -98,6 +98,21 @@ def test_greedy_with_mtp_equals_plain_for_every_draft_count(engine_f32, plain):
     assert eng.stats["steps"] < plain_steps
 
 
+def test_heads_past_max_draft_len_are_not_loaded(tiny_nvfp4_ckpt_dir, plain):
+    """An engine built with max_draft_len 2 runs 2 of the model's 8 heads (no KV for the rest): its greedy
+    output with 1-2 drafts (the oracle's, accepted and rejected) equals plain decoding; 3 drafts are refused."""
+    requests, base, lens, _ = plain
+    engine = build(tiny_nvfp4_ckpt_dir, BuildConfig(dtype="float32", max_draft_len=2, **SMALL), echo=False)
+    eng = LLMEngine(engine)
+    assert eng.runner.num_heads == 2 == len(eng.runner.head_key_caches) < eng.config.num_mtp_heads
+    with pytest.raises(ValueError, match="3 exceeds this engine's 2 MTP heads.*max_draft_len 2"):
+        eng.add_request("k3", requests[3][1], requests[3][2])
+    few = [r for r in requests if r[2].num_draft_tokens <= 2]
+    outs, eng = _run(engine, few, override=Oracle(base, lens))
+    assert outs == {rid: base[rid] for rid, _, _ in few}
+    assert eng.metrics()["mean_acceptance_length"] > 1.2
+
+
 def test_stop_token_inside_accepted_drafts(engine_f32, plain):
     """A stop token among accepted drafts ends the request there, as without drafts."""
     requests, base, lens, plain_steps = plain
@@ -287,7 +302,8 @@ CHI2_15_P999 = 37.697  # chi-square critical value, 15 degrees of freedom, upper
 def test_sampling_with_mtp_keeps_the_distribution(tiny_nvfp4_ckpt_dir, reference):
     """Temperature 1, top_k 2, 4 tokens: 16 possible outputs. 1200 seeded requests with 2 drafts per
     step (drafts forced to the likeliest token, or to one outside the top 2 for odd requests, so
-    both acceptance and rejection paths run) against the exact distribution from the reference
+    both acceptance and rejection paths run; every third request's second draft is an id past the
+    tokenizer's vocabulary, as heads over a draft vocabulary may pick) against the exact distribution from the reference
     model's logits. Chi-square with 15 degrees of freedom at p = 1e-3: for a random seed the test
     fails wrongly once in a thousand runs; the seeds here are fixed."""
     engine = build(
@@ -297,7 +313,9 @@ def test_sampling_with_mtp_keeps_the_distribution(tiny_nvfp4_ckpt_dir, reference
 
     params = SamplingParams(max_tokens=4, temperature=1.0, top_k=2, num_draft_tokens=2, ignore_eos=True)
     prompt = torch.tensor([101, 202, 303, 404, 505])
-    n_real = reference.num_real_tokens
+    # The engine as if its tokenizer were 8 tokens short of the model's vocabulary (inkling-tiny's fills it;
+    # the bench's does not): the ids past it can be drafted, never emitted.
+    n_real = reference.num_real_tokens - 8
 
     probs_cache: dict[tuple[int, ...], torch.Tensor] = {}
 
@@ -322,11 +340,14 @@ def test_sampling_with_mtp_keeps_the_distribution(tiny_nvfp4_ckpt_dir, reference
         for _ in drafts:
             p = probs(tuple(out))
             t = int(p.argmax()) if int(rid) % 2 == 0 else int(p.argmin())
+            if int(rid) % 3 == 2 and picked:
+                t = n_real + int(rid) % 5  # the target cannot emit it: rejected
             picked.append(t)
             out.append(t)
         return picked
 
     eng = LLMEngine(engine)
+    eng.num_real_tokens = n_real
     eng.draft_override = override
     n = 1200
     for i in range(n):
@@ -336,7 +357,7 @@ def test_sampling_with_mtp_keeps_the_distribution(tiny_nvfp4_ckpt_dir, reference
     for toks in outs.values():
         counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
     assert set(counts) <= set(exact)
-    assert eng.acceptance.steps > 0 and 0.2 < eng.acceptance.acceptance_rate < 0.8
+    assert eng.acceptance.steps > 0 and 0.1 < eng.acceptance.acceptance_rate < 0.8
     chi2 = sum((counts.get(s, 0) - n * p) ** 2 / (n * p) for s, p in exact.items())
     assert chi2 < CHI2_15_P999, (chi2, counts, exact)
 

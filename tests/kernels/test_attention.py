@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -331,6 +332,25 @@ def test_bfloat16_relative_table(config):
     assert_close(out, batch.truth, 3e-2)
     exact = dataclasses.replace(config, table_dtype="float32")
     assert_close(launcher.sheared_bias_attention(*batch.args(), config=exact), batch.truth, 1e-4)
+
+
+def test_scratch_slots_are_distinct_and_bounded():
+    """The kernel's scratch slot of query tile t of sequence b, q_start // block_q + b + t (kernels.py), is
+    distinct for every tile of a ragged batch and below launcher.scratch_slots; the launcher sizes the
+    scratch by it (an 8K prefill beside 31 decodes: 160 slots of 64 rows, not the grid's 4096)."""
+    rng = random.Random(0)
+    for _ in range(300):
+        block_q = rng.choice([1, 2, 16, 64, 128])
+        lens = [rng.choice([1, 1, 2, 9, rng.randint(1, 700)]) for _ in range(rng.randint(1, 40))]
+        starts = [sum(lens[:b]) for b in range(len(lens))]
+        slots = [
+            s // block_q + b + t
+            for b, (s, n) in enumerate(zip(starts, lens))
+            for t in range(-(-n // block_q))
+        ]
+        assert len(set(slots)) == len(slots)
+        assert max(slots) < launcher.scratch_slots(sum(lens), len(lens), block_q)
+    assert launcher.scratch_slots(8192 + 31, 32, 64) == 160
 
 
 def test_probe_without_the_relative_term():

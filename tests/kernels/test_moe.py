@@ -290,11 +290,11 @@ def test_tune_leaves_buckets_above_max_tokens_at_their_defaults():
     sampled = []
     table = moe_launcher.tune(lambda T: sampled.append(T), max_tokens=0, log=lambda _: None)
     assert sampled == []
-    samples = (1, 8, 64, 512, 4096)
+    samples = (1, 8, 32, 64, 512, 4096)
     for bucket, T in zip(table["buckets"], samples):
         want = {k: v for k, v in moe_launcher.select_config(None, T).items() if k != "max_tokens"}
         assert {k: v for k, v in bucket.items() if k != "max_tokens"} == want
-    assert [b["max_tokens"] for b in table["buckets"]] == [1, 16, 128, 1024, 1 << 30]
+    assert [b["max_tokens"] for b in table["buckets"]] == [1, 16, 32, 128, 1024, 1 << 30]
 
 
 # ---------------------------------------------------------------------------------------- GPU
