@@ -390,6 +390,7 @@ class LLMEngine:
         argmaxes = None
         if picks is None and any(s.samples and s.num_drafts and s.seq.params.greedy for s in step.batch):
             argmaxes = logits[:, : self.num_real_tokens].argmax(-1).tolist()
+        verify_probs = self._verify_probs(step.batch, logits, rows) if picks is None else {}
         deltas, heads = [], []
         offset = 0
         for b, s in enumerate(step.batch):
@@ -404,7 +405,7 @@ class LLMEngine:
             if s.samples:
                 pick = None if picks is None else (picks[b], None if logprobs is None else logprobs[b])
                 targets = None if argmaxes is None else argmaxes[rows[b] : rows[b + 1]]
-                delta = self._sample(s, logits[rows[b] : rows[b + 1]], pick, targets)
+                delta = self._sample(s, logits[rows[b] : rows[b + 1]], pick, targets, verify_probs.get(b))
             if delta is None or delta.finish_reason is None:
                 self._register_blocks(seq)
                 self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
@@ -422,17 +423,38 @@ class LLMEngine:
             self._draft(heads)
         return deltas
 
+    def _verify_probs(
+        self, batch: list[ScheduledSeq], logits: torch.Tensor, rows: list[int]
+    ) -> dict[int, torch.Tensor]:
+        """The target distributions of the sampled verifies in `batch` (after temperature, top-k, top-p, over
+        the real tokens), on the host in one read rather than one wait for the device a sequence: batch
+        index -> [k + 1, V]."""
+        want = [
+            b
+            for b, s in enumerate(batch)
+            if s.samples and s.num_drafts and not s.seq.params.greedy and not s.seq.finished
+        ]
+        if not want:
+            return {}
+        real = logits[:, : self.num_real_tokens]
+        parts = [
+            torch.softmax(filter_logits(real[rows[b] : rows[b + 1]], batch[b].seq.params), -1) for b in want
+        ]
+        return dict(zip(want, torch.cat(parts).cpu().split([len(p) for p in parts])))
+
     def _sample(
         self,
         s: ScheduledSeq,
         logits: torch.Tensor,
         pick: tuple[int, float | None] | None = None,
         targets: list[int] | None = None,
+        probs: torch.Tensor | None = None,
     ) -> StreamDelta:
         """The sequence's next tokens from its rows of logits: one sample (or `pick`, the token already
         drawn on the device and its logprob), or with MTP drafts their verification (greedy: exact match,
-        against `targets`, the rows' argmaxes, where given; sampling: rejection sampling), emitting 1..k+1
-        tokens. Rolls the caches back over rejected drafts."""
+        against `targets`, the rows' argmaxes, where given; sampling: rejection sampling against `probs`,
+        the rows' target distributions on the host, where given), emitting 1..k+1 tokens. Rolls the caches
+        back over rejected drafts."""
         seq = s.seq
         state = self.requests[seq.request_id]
         params = seq.params
@@ -451,7 +473,8 @@ class LLMEngine:
                     greedy_accept(drafts, real) if targets is None else accept_targets(drafts, targets)
                 )
             else:
-                probs = torch.softmax(torch.stack([filter_logits(r, params) for r in real]), -1).cpu()
+                if probs is None:
+                    probs = torch.softmax(filter_logits(real, params), -1).cpu()
                 # Heads over a draft vocabulary may pick an id past the tokenizer's: the target gives it
                 # probability 0, so it is rejected and nothing after it is read.
                 n = next((i for i, d in enumerate(drafts) if d >= self.num_real_tokens), k)

@@ -24,17 +24,17 @@ class Sample:
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """float32 [V] logits -> temperature-scaled logits with -inf outside top-k and top-p."""
+    """float32 logits [..., V] -> temperature-scaled logits with -inf outside top-k and top-p, row by row."""
     x = logits.float() / params.temperature
     if params.top_k and params.top_k < x.shape[-1]:
-        kth = torch.topk(x, params.top_k).values[-1]
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True)
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
         probs = torch.softmax(sorted_x, -1)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
         drop = probs.cumsum(-1) - probs >= params.top_p
-        x = x.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
     return x
 
 

@@ -78,3 +78,16 @@ def test_streaming_equals_full_decode(tokenizer, text):
     pieces = [detok.add([i]) for i in ids] + [detok.flush()]
     assert "".join(pieces) == tokenizer.decode(ids) == text
     assert all("\ufffd" not in p for p in pieces), "a delta split a UTF-8 character"
+
+
+def test_filter_logits_on_rows_equals_row_by_row():
+    """The sampled verify filters all of a sequence's rows at once: each row as if alone (top-k, top-p)."""
+    rows = torch.randn(5, 40, generator=torch.Generator().manual_seed(0))
+    for params in (
+        SamplingParams(temperature=0.7, top_k=5),
+        SamplingParams(temperature=1.0, top_p=0.6),
+        SamplingParams(temperature=1.3, top_k=9, top_p=0.8),
+    ):
+        want = torch.stack([filter_logits(r, params) for r in rows])
+        assert torch.equal(filter_logits(rows, params), want)
+        assert (torch.isfinite(want).sum(-1) > 1).all()
