@@ -542,12 +542,11 @@ def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
         f"{_sampling(r)}.",
     ]
     for name, part in r.get("parts", {}).items():
-        missing = [b for b in _requested_batches(part) if str(b) not in part.get("decode", {})]
-        lost = (
-            f"; batches {', '.join(map(str, missing))} not measured (the run ended before them: see its log)"
-        )
+        missing = [str(b) for b in _requested_batches(part) if str(b) not in part.get("decode", {})]
+        lost = f"; batches {', '.join(missing)} not measured (the run ended before them: see its log)"
         lines.append(
-            f"- part {name}: `{part['command']}` ({part['device']}, {part['date']}){lost if missing else ''}"
+            f"- part {name}: `{part['command']}` ({part['device']}, {part['date']})"
+            + (lost if missing else "")
         )
     lines += ["", "| measure | ours | bound | fraction of bound |", "|---|---|---|---|"]
     for tier, s in r.get("ttft_s", {}).items():

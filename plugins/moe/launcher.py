@@ -440,8 +440,8 @@ def tune(
     make_inputs(T) -> the positional arguments of expert_sink_moe (without config) for T tokens.
     Each bucket is tuned at its sample T; batch-1 decode has a bucket of its own, since at T = 8 another
     candidate may win, and so has T = 17-32 (batch 32 decode, batch 8 verifying 3 drafts), where the
-    decode kernel beat the tensor-core tiles that win at T = 64. Candidates fix both GEMMs' tiles. A bucket sampled above `max_tokens` keeps the
-    default tiles, untimed.
+    decode kernel beat the tensor-core tiles that win at T = 64. Candidates fix both GEMMs' tiles. A
+    bucket sampled above `max_tokens` keeps the default tiles, untimed.
     """
     table = {"version": 1, "buckets": []}
     for bucket_max, T in zip(token_buckets, sample_tokens):
