@@ -453,7 +453,7 @@ class LLMEngine:
         """The sequence's next tokens from its rows of logits: one sample (or `pick`, the token already
         drawn on the device and its logprob), or with MTP drafts their verification (greedy: exact match,
         against `targets`, the rows' argmaxes, where given; sampling: rejection sampling against `probs`,
-        the rows' target distributions on the host, where given), emitting 1..k+1 tokens. Rolls the caches
+        the rows' target distributions on the host, from `_verify_probs`), emitting 1..k+1 tokens. Rolls the caches
         back over rejected drafts."""
         seq = s.seq
         state = self.requests[seq.request_id]
@@ -473,8 +473,6 @@ class LLMEngine:
                     greedy_accept(drafts, real) if targets is None else accept_targets(drafts, targets)
                 )
             else:
-                if probs is None:
-                    probs = torch.softmax(filter_logits(real, params), -1).cpu()
                 # Heads over a draft vocabulary may pick an id past the tokenizer's: the target gives it
                 # probability 0, so it is rejected and nothing after it is read.
                 n = next((i for i, d in enumerate(drafts) if d >= self.num_real_tokens), k)

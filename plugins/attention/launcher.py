@@ -314,7 +314,7 @@ def sheared_bias_attention(
     row = scratch_row(constexprs)
     if row:
         scratch = torch.empty(
-            (scratch_slots(T, B, config.block_q) * grid[1] // B * splits, config.block_q, row),
+            (scratch_slots(T, B, config.block_q) * (Hq // config.heads) * splits, config.block_q, row),
             dtype=table_dtype(config),
             device=q.device,
         )

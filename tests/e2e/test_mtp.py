@@ -303,8 +303,8 @@ def test_sampling_with_mtp_keeps_the_distribution(tiny_nvfp4_ckpt_dir, reference
     """Temperature 1, top_k 2, 4 tokens: 16 possible outputs. 1200 seeded requests with 2 drafts per
     step (drafts forced to the likeliest token, or to one outside the top 2 for odd requests, so
     both acceptance and rejection paths run; every third request's second draft is an id past the
-    tokenizer's vocabulary, as heads over a draft vocabulary may pick) against the exact distribution from the reference
-    model's logits. Chi-square with 15 degrees of freedom at p = 1e-3: for a random seed the test
+    tokenizer's vocabulary, as heads over a draft vocabulary may pick) against the exact distribution
+    from the reference model's logits. Chi-square with 15 degrees of freedom at p = 1e-3: for a random seed the test
     fails wrongly once in a thousand runs; the seeds here are fixed."""
     engine = build(
         tiny_nvfp4_ckpt_dir, BuildConfig(dtype="float32", **{**SMALL, "max_batch_size": 32}), echo=False
