@@ -23,11 +23,15 @@ into --out.
     python -m bench.e2e ... --num_draft_tokens 3 --fixed_drafts --out OUT/mtp
     python -m bench.e2e ... --peers_only --out OUT/peers   # the reference peers alone (no engine)
     python -m bench.e2e --merge --out OUT               # OUT/results.md, results.json, e2e.png
+
+A part that ended before its last batches is completed by a run of those batches alone into OUT/PART-2
+(`--batches 32,64`); the merge takes each batch from the first run that measured it.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import inspect
 import json
 import os
@@ -274,11 +278,14 @@ def merge(out: str) -> int:
     decode part's first tokens and batches, the MTP part's batches and acceptance, the peers' times against
     the decode part's smallest batch. Writes results.json (the parts whole, under "parts"), results.md and
     e2e.png into `out`."""
-    parts = {
-        name: load(os.path.join(out, name, "results.json"))
-        for name in PARTS
-        if os.path.exists(os.path.join(out, name, "results.json"))
-    }
+    parts = {}
+    for name in PARTS:
+        # a part may be completed by later runs in NAME-2, NAME-3, ... (a run that ended before its last batches)
+        paths = [os.path.join(out, name, "results.json")]
+        paths += sorted(glob.glob(os.path.join(out, f"{name}-*", "results.json")))
+        runs = [load(path) for path in paths if os.path.exists(path)]
+        if runs:
+            parts[name] = join_runs(runs)
     if "decode" not in parts:
         raise SystemExit(
             f"bench.e2e --merge: no {os.path.join(out, 'decode', 'results.json')} (make bench-decode)"
@@ -293,6 +300,23 @@ def merge(out: str) -> int:
     plot(runs, os.path.join(out, "e2e.png"))
     print(open(os.path.join(out, "results.md")).read())
     return 0
+
+
+def join_runs(runs: list[dict]) -> dict:
+    """One part from several runs of it: the first run's results, each later run adding the decode batches
+    the runs before it did not measure. "runs" lists each run's command, device, date and the batches it
+    gave."""
+    if len(runs) == 1:
+        return runs[0]
+    joined = {**runs[0], "decode": {}, "runs": []}
+    for run in runs:
+        added = {b: d for b, d in run.get("decode", {}).items() if b not in joined["decode"]}
+        joined["decode"].update(added)
+        joined["runs"].append(
+            {k: run[k] for k in ("command", "device", "date")} | {"gave": [int(b) for b in added]}
+        )
+    joined["batches"] = sorted({b for run in runs for b in _requested_batches(run)})
+    return joined
 
 
 def reference_peer(args: argparse.Namespace, config) -> int:
@@ -544,10 +568,13 @@ def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
     for name, part in r.get("parts", {}).items():
         missing = [str(b) for b in _requested_batches(part) if str(b) not in part.get("decode", {})]
         lost = f"; batches {', '.join(missing)} not measured (the run ended before them: see its log)"
-        lines.append(
-            f"- part {name}: `{part['command']}` ({part['device']}, {part['date']})"
-            + (lost if missing else "")
-        )
+        for i, run in enumerate(part.get("runs", [part])):
+            gave = f": batches {', '.join(map(str, run['gave']))}" if "gave" in run else ""
+            last = i == len(part.get("runs", [part])) - 1
+            lines.append(
+                f"- part {name}: `{run['command']}` ({run['device']}, {run['date']}){gave}"
+                + (lost if missing and last else "")
+            )
     lines += ["", "| measure | ours | bound | fraction of bound |", "|---|---|---|---|"]
     for tier, s in r.get("ttft_s", {}).items():
         lines.append(

@@ -51,6 +51,8 @@
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
 #     bash bench/gpu_session.sh s20-attn    # 1 GPU: every attention GPU test, the 32K sliding prefill re-timed
 #     bash bench/gpu_session.sh s21-moe-batch # 1 GPU: moe_bd_kernel at T = 32, 64 (tests, times), e2e batches 32, 64
+#     bash bench/gpu_session.sh s22-verify  # 1 GPU: verify of 9-16 queries in tiles of 8: GPU tests, bench with peers
+#     bash bench/gpu_session.sh s22-e2e32   # 1 GPU: s22-check's e2e batch 32 with room for the tune
 #     bash bench/gpu_session.sh s22-check   # 1 GPU: the attention GPU tests (scratch slots), e2e batch 32 (MoE T = 32 bucket)
 #     bash bench/gpu_session.sh s21-attn-all # 1 GPU: bench/attention.py over every workload, peers included
 #     bash bench/gpu_session.sh bench-decode # 1 GPU: make bench's first part (then bench-mtp, bench-peers; merge
@@ -406,6 +408,21 @@ s22-check)
     run e2e 170 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 256 \
         --batches 32 --decode_budget_s 10 --tune_max_tokens 32 --temperature 1 --reference_peers "" --out "$OUT/e2e"
     pack s22-check
+    ;;
+s22-e2e32)
+    # Session 22: s22-check's e2e again with room for the longer tune (90 s with the T = 32 bucket; its 170 s ran out)
+    run e2e 330 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 256 \
+        --batches 32 --decode_budget_s 10 --tune_max_tokens 32 --temperature 1 --reference_peers "" --out "$OUT/e2e"
+    pack s22-e2e32
+    ;;
+s22-verify)
+    # Session 22: a verify of 9-16 queries (MTP with 8 drafts) in two GEMV tiles of 8 rows, not one 16-row
+    # band tile (0.287 ms at 9 against 0.105 at 8 in s21-attn-all); the GPU verify tests, then the bench's
+    # verify workloads with their peers (the peers now come before the variant search; in s21-attn-all
+    # verify 9's child ran out of time in its variants and lost its peers)
+    run attn_test 150 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu -k "verify or matches_spec_bf16"
+    run attn_verify 260 python3 bench/attention.py --only verify --budget-s 220 --out "$OUT/attn"
+    pack s22-verify
     ;;
 s21-attn-all)
     # Session 20 (for the next): issue 7's one run of bench/attention.py over every workload with the

@@ -16,6 +16,7 @@ from . import kernels
 MAX_SPLITS = 64
 MIN_TILES_PER_SPLIT = 2
 LONG_SPLIT_TILES = 16  # KV tiles per split above which a decode with few programs splits further
+VERIFY_TILE_ROWS = 8  # query rows of a verify tile (GQA-packed: the tile is group * 8 rows)
 FULL_WINDOW = 1 << 30  # what the kernel gets as the window of a full-attention layer
 
 
@@ -110,21 +111,26 @@ def choose_config(
     small = interpreting()  # CPU interpreter: small tiles keep tests fast and exercise tile edges
     pow2_group = group & (group - 1) == 0
     packed = pow2_group and max_seqlen_q * group <= 128 and max_seqlen_q <= 16
+    # A verify's query tile: the query count's power of two, at most VERIFY_TILE_ROWS (a verify of 9-16
+    # queries takes two tiles); decode pads one query to the 16 rows of a tensor-core tile
+    rows = triton.next_power_of_2(max_seqlen_q)
+    if max_seqlen_q > 1:
+        rows = min(rows, VERIFY_TILE_ROWS)
+    block_q = max(rows, triton.cdiv(16, group))
     if packed and float32 and not small:
         # float32 packs at most 32 rows (a verify of group 8 did not compile within 90 s on the H200)
-        packed = group * max(triton.next_power_of_2(max_seqlen_q), triton.cdiv(16, group)) <= 32
+        packed = group * block_q <= 32
     if packed:
         # decode / verify: the GQA group's heads share every K/V tile
         # (H200, bench/results/attention.md: decode block_n 128 beat 64 by 1.1-2x; verify 64 beat 128)
         heads = group
-        block_q = max(triton.next_power_of_2(max_seqlen_q), triton.cdiv(16, group))
-        # A verify of up to 8 queries: the relative term as one GEMV per query row (rel_gemv), block_q
-        # the query count's power of two. H200, graph-timed (bench/results/gpu-2026-12-01/s13-verify/):
-        # 4 queries at 8K 0.050 ms against 0.280 for the band sheared with tl.gather (BAND_3D, block_q
-        # 16), 0.025 against 0.194 on a 4K-window layer. At 9 queries (block_q 16) the GEMV's 16-row
-        # tiles took 0.33-0.61 ms, slower than the band's 0.287, so 9 keeps the band. (The
-        # heads' bands side by side, below block_q 16, were slower still; ptxas spent 180-260 s on them.)
-        rel_gemv = 1 < max_seqlen_q <= 8
+        # A verify: the relative term as one GEMV per query row (rel_gemv). H200, graph-timed
+        # (bench/results/gpu-2026-12-01/s13-verify/): 4 queries at 8K 0.050 ms against 0.280 for the band
+        # sheared with tl.gather (BAND_3D, block_q 16), 0.025 against 0.194 on a 4K-window layer. At 9
+        # queries in one 16-row tile the GEMV took 0.33-0.61 ms, slower than the band's 0.287; so 9-16
+        # queries take two tiles of 8 rows (session 22). (The heads' bands side by side, below block_q
+        # 16, were slower still; ptxas spent 180-260 s on them.)
+        rel_gemv = max_seqlen_q > 1
         block_n = 16 if small else (128 if max_seqlen_q == 1 else 64)
         # Decode: three stages (H200, graph-timed, bench/results/gpu-2026-11-30/s10/attention-decode/:
         # 3-7% faster than two at B=1 KV 8K and 128K and B=32 KV 8K; eight warps were 20-50% slower).

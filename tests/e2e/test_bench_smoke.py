@@ -224,3 +224,29 @@ def test_merged_table_names_batches_a_part_did_not_measure(tmp_path):
     )
     assert "not measured" not in lines["- part decode"]
     assert _requested_batches({**parts["mtp"], "batches": [1, 8]}) == [1, 8]
+
+
+def test_a_part_completed_by_a_later_run(tmp_path):
+    """Session 22 on the H200 (committed results): session 21's MTP part ended after batches 1 and 8, and a
+    run of batches 32 and 64 alone completed it. `--merge` reads the second from DIR/mtp-2: the table lists
+    both runs with the batches each gave, has all four batches' MTP rows, and says nothing is missing."""
+    root = Path(__file__).parents[2] / "bench/results/gpu-2026-12-02"
+    parts = {
+        "decode": root / "bench-decode/bench/decode",
+        "mtp": root / "bench-mtp/bench/mtp",
+        "mtp-2": root / "s22/bench-mtp/bench/mtp",
+    }
+    for name, src in parts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text((src / "results.json").read_text())
+    assert main(["--merge", "--out", str(tmp_path)]) == 0
+    lines = (tmp_path / "results.md").read_text().splitlines()
+    runs = [line for line in lines if line.startswith("- part mtp:")]
+    assert len(runs) == 2 and runs[0].endswith(": batches 1, 8") and runs[1].endswith(": batches 32, 64")
+    assert "--batches 32,64" in runs[1] and not any("not measured" in line for line in lines)
+    for batch in (1, 8, 32, 64):
+        assert any(line.startswith(f"| with 3 MTP drafts a step (every step), MTP acceptance length, batch {batch} |")
+                   for line in lines)  # fmt: skip
+    merged = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(merged["parts"]["mtp"]["decode"], key=int) == ["1", "8", "32", "64"]
+    assert merged["parts"]["mtp"]["batches"] == [1, 8, 32, 64]

@@ -199,6 +199,13 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
             32,
             AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=2, rel_gemv=True),
         ),
+        # a verify of more queries than a tile's rows (9-16 queries take tiles of 8 on the GPU): the later
+        # tiles' rows start past the first, and the last tile is partly padding
+        (
+            [(100, 9), (65, 12), (40, 16), (20, 9)],
+            32,
+            AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=3, rel_gemv=True),
+        ),
         (VERIFY[:3], 32, AttentionConfig(heads=1, block_q=16, block_n=32, num_splits=2)),
         (CHUNKED[:2], 0, AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=5)),
         # the previous GPU default for prefill (gather shear, 32x32)
@@ -288,6 +295,7 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         "verify-packed-short",
         "verify-gemv",
         "verify-gemv-short-sliding",
+        "verify-gemv-two-tiles-sliding",
         "verify-unpacked",
         "chunked",
         "prefill-gather-32x32",
@@ -387,9 +395,9 @@ def test_choose_config_is_shape_only(monkeypatch):
     assert prefill.heads == 1 and prefill.num_splits == 1 and prefill.shear == "chunk"
     assert prefill.chunk_tiles == 3 and prefill.table_dtype == "float32"
     assert launcher.choose_config(4, 64, 8, 4096, 4096, num_sms=132, float32=True).shear == "scratch"
-    for q_len, block_q in ((2, 2), (4, 4), (8, 8), (9, 16)):  # a verify of group 8: a GEMV per query row
-        verify = launcher.choose_config(2, 64, 8, q_len, 8192, num_sms=132)  # up to 8 queries, else the band
-        assert verify.heads == 8 and verify.block_q == block_q and verify.rel_gemv == (q_len <= 8)
+    for q_len, block_q in ((2, 2), (4, 4), (8, 8), (9, 8), (16, 8)):  # a verify of group 8: a GEMV per
+        verify = launcher.choose_config(2, 64, 8, q_len, 8192, num_sms=132)  # query row, tiles of 8 rows
+        assert verify.heads == 8 and verify.block_q == block_q and verify.rel_gemv
     # float32 (tests) on the GPU: tiles of at most 32 x 32, which compile in seconds
     monkeypatch.setattr(launcher, "interpreting", lambda: False)
     for q_len in (1, 2, 4, 9, 4096):
@@ -561,17 +569,17 @@ def test_gpu_decode_variants(window, rel_dot, block_n, splits):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("window", [0, 256])
-@pytest.mark.parametrize("q_len", [2, 4, 8, 9])
+@pytest.mark.parametrize("q_len", [2, 4, 8, 9, 16])
 @pytest.mark.parametrize("rel_gemv", [True, False])
 def test_gpu_verify_variants(window, q_len, rel_gemv):
     """Verify at inkling-bench's group (8) with the relative term as one GEMV per query row and as the
-    sheared band, distances past R, full and sliding, split, bf16; eight warps for 8-query GEMV tiles (the
-    launcher's choice)."""
+    sheared band, distances past R, full and sliding, split, bf16; eight warps for 8-query GEMV tiles, and 9
+    or 16 queries in two of them (the launcher's choices)."""
     batch = make_batch(
         [(1500, q_len), (600, q_len), (130, q_len), (q_len, q_len)], hq=16, hkv=2, d=128, dr=32, rel=512,
         window=window, dtype=torch.bfloat16,
     )  # fmt: skip
-    block_q = triton.next_power_of_2(q_len) if rel_gemv else 16
+    block_q = min(triton.next_power_of_2(q_len), launcher.VERIFY_TILE_ROWS) if rel_gemv else 16
     warps = 8 if rel_gemv and block_q >= 8 else 4
     config = AttentionConfig(
         heads=8, block_q=max(block_q, 2), block_n=64, num_splits=5, num_warps=warps, rel_gemv=rel_gemv
