@@ -23,6 +23,7 @@ Writes attention.md, attention.json and attention.png to DIR.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -274,7 +275,7 @@ def as_tokens(o, batch, q_len):
     return o.transpose(1, 2).reshape(batch * q_len, HQ, D)
 
 
-def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: None):
+def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: None, peers=True):
     log(f"== {name}")
     x = make_inputs(batch, q_len, kv_len, window)
     pairs = batch * pairs_of(q_len, kv_len, window)
@@ -314,13 +315,16 @@ def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: 
         row["check_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         log("   check failed:", row["check_error"])
     save(row)
-    peers = [
-        (
-            "SDPA no bias" if not window else "Flex no bias (SOL)",
-            lambda: sdpa_or_flex_sol(x, batch, q_len, kv_len, window),
-        ),
-        ("Flex r·E (U materialised)", lambda: flex_run or flex_peer(x, batch, q_len, kv_len, window)),
-    ]
+    with_peers, peers = (
+        peers,
+        [
+            (
+                "SDPA no bias" if not window else "Flex no bias (SOL)",
+                lambda: sdpa_or_flex_sol(x, batch, q_len, kv_len, window),
+            ),
+            ("Flex r·E (U materialised)", lambda: flex_run or flex_peer(x, batch, q_len, kv_len, window)),
+        ],
+    )
     table_bytes = batch * HQ * q_len * min(R, kv_len, window or R) * 2  # rel_table's U, bf16
     if table_bytes <= 12 << 30:
         # The 8K prefill's 8.6 GB table ran (42.7 ms); the 32K window's 17 GB one ended the run of
@@ -331,7 +335,7 @@ def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: 
         times["SDPA materialised bias"] = f"skipped (its relative table is {table_bytes / 2**30:.0f} GiB)"
     if kv_len <= 8192 and q_len <= 16:
         peers.append(("reference op", lambda: reference_peer(x)))
-    for pname, make in peers:
+    for pname, make in peers if with_peers else []:
         if time.time() > deadline:
             times[pname] = "skipped (time)"
             continue
@@ -402,6 +406,8 @@ def verify_variants(batch, q_len, kv_len):
             heads=base.heads, block_q=gemv_q, block_n=32, num_splits=base.num_splits, rel_gemv=True
         )
     ]
+    if base.rel_gemv:
+        out.append(dataclasses.replace(base, rel_slice=8))  # fewer registers for E's rows (see decode's)
     for bn in (32, 64, 128):
         for mult in (0.5, 1, 2):
             ns = max(1, min(launcher.MAX_SPLITS, int(base.num_splits * mult)))
@@ -414,11 +420,18 @@ def verify_variants(batch, q_len, kv_len):
 
 
 def decode_variants(batch, q_len, kv_len):
-    """The relative term as a dot (rel_dot, the pipelined tensor-core form) and as the GEMV, at block_n 64
-    and 128 and half, the chosen and twice the chosen splits; then eight warps for the dot."""
+    """The GEMV reducing 8 of Dr's columns at a time (rel_slice; compiled for sm_90 it holds fewer
+    registers, bench/results/sm90-decode-2026-12-02/), first, where the base is the GEMV; the relative term
+    as a dot (rel_dot, the pipelined tensor-core form) and as the GEMV, at block_n 64 and 128 and half, the
+    chosen and twice the chosen splits; then eight warps for the dot."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     base = launcher.choose_config(batch, HQ, HKV, q_len, kv_len, sms)
     out = []
+    if not base.rel_dot:
+        out += [
+            dataclasses.replace(base, rel_slice=8),
+            dataclasses.replace(base, rel_slice=8, block_n=64, num_stages=2),
+        ]
     for rel_dot in (True, False):
         for bn in (64, 128):
             for mult in (0.5, 1, 2):
@@ -505,6 +518,9 @@ def main():
     p.add_argument("--out", default="bench/results")
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--only", default="", help="comma-separated workload name prefixes")
+    p.add_argument(
+        "--no-peers", action="store_true", help="ours and our variants only (the peers' time to them)"
+    )
     p.add_argument("--one", type=int, default=-1, help=argparse.SUPPRESS)  # child: one workload
     p.add_argument("--row-file", default="", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -516,7 +532,7 @@ def main():
             with open(a.row_file, "w") as f:
                 json.dump(row, f)
 
-        save(run_workload(name, b, ql, kv, w, time.time() + a.budget_s, save))
+        save(run_workload(name, b, ql, kv, w, time.time() + a.budget_s, save, peers=not a.no_peers))
         return
     started = datetime.datetime.now().isoformat(timespec="minutes")
     t0 = time.time()
@@ -541,6 +557,7 @@ def main():
             row_file,
             "--budget-s",
             str(share * 0.8),
+            *(["--no-peers"] if a.no_peers else []),
         ]
         try:
             try:

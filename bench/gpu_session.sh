@@ -51,6 +51,7 @@
 #     bash bench/gpu_session.sh s18-decode  # 1 GPU: moe_bd_kernel with N tiles first: tests, bd candidates at T = 1, 8, e2e
 #     bash bench/gpu_session.sh s20-attn    # 1 GPU: every attention GPU test, the 32K sliding prefill re-timed
 #     bash bench/gpu_session.sh s21-moe-batch # 1 GPU: moe_bd_kernel at T = 32, 64 (tests, times), e2e batches 32, 64
+#     bash bench/gpu_session.sh s23-attn    # 1 GPU: session 22's untested GPU tests (verify 9/16, rel_slice), decode variants
 #     bash bench/gpu_session.sh s22-verify  # 1 GPU: verify of 9-16 queries in tiles of 8: GPU tests, bench with peers
 #     bash bench/gpu_session.sh s22-e2e32   # 1 GPU: s22-check's e2e batch 32 with room for the tune
 #     bash bench/gpu_session.sh s22-check   # 1 GPU: the attention GPU tests (scratch slots), e2e batch 32 (MoE T = 32 bucket)
@@ -414,6 +415,17 @@ s22-e2e32)
     run e2e 330 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 256 \
         --batches 32 --decode_budget_s 10 --tune_max_tokens 32 --temperature 1 --reference_peers "" --out "$OUT/e2e"
     pack s22-e2e32
+    ;;
+s23-attn)
+    # Session 22 (for the next): the GPU tests session 22 could not run (verify of 9 and 16 queries in two
+    # tiles of 8 rows: its s22-verify run stopped at collection; the GEMV forms with rel_slice), then the
+    # decode and verify workloads with their variants: rel_slice 8 first (compiled for sm_90 it drops the
+    # decode's spills, bench/results/sm90-decode-2026-12-02/), against the defaults of the one-run table
+    # (decode B=1 KV 128K 0.210 ms, 62% of the bandwidth; 1M 1.184 ms, 84%); the peers were timed in that run
+    run attn_test 200 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu -k "verify or decode or rel_slice"
+    run attn_bench 330 python3 bench/attention.py --only "decode,verify 9,verify 4 KV 8K W" --no-peers --budget-s 300 \
+        --out "$OUT/attn"
+    pack s23-attn
     ;;
 s22-verify)
     # Session 22: a verify of 9-16 queries (MTP with 8 drafts) in two GEMV tiles of 8 rows, not one 16-row

@@ -1,6 +1,7 @@
 """What the attention kernel compiles to on an H200 (sm_90), read on a machine without a GPU.
 
     python -m bench.sm90 --out DIR [--seq 8192] [--only SUBSTRING]
+    python -m bench.sm90 --out DIR --decode 131072   # a batch-1 decode over that many keys instead
 
 Triton compiles for a named target without a device, and its bundled ptxas reports registers, spills and
 barriers. For each prefill variant of bench/attention.py (the default tiles first) this writes a table of:
@@ -8,6 +9,9 @@ barriers. For each prefill variant of bench/attention.py (the default tiles firs
 - shared memory per program;
 - counts in the PTX of `cp.async` (the loads Triton's software pipeline issues ahead of their use: a loop
   without them waits for each K/V tile), `wgmma`, barriers (`bar.sync`) and warp shuffles (`shfl`).
+
+For a decode (`--decode KV`: one query, batch 1, the launcher's split count) the table adds how many
+programs fit on an SM by registers and by shared memory (H100/H200: 64K registers, 228 KB).
 
 These say whether a variant can run well, not how fast it runs: only the GPU says that (bench/attention.py).
 It was how session 15 found that the scratch shear's barriers left its tile loop without a pipeline.
@@ -86,14 +90,18 @@ def compile_sm90(kernel, pointers: dict, ints: dict, floats: tuple, constexprs: 
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_attention(config: AttentionConfig, seq: int):
-    """The attention kernel compiled for sm_90 as a prefill of `seq` tokens with `config` would launch it."""
-    constexprs = kernel_constexprs(config, seq, HQ // HKV, D, DR, PAGE, torch.bfloat16)
+def compile_attention(config: AttentionConfig, seq: int, kv: int | None = None):
+    """The attention kernel compiled for sm_90 as a prefill of `seq` tokens with `config` would launch it,
+    or (kv given) a decode of one query over `kv` keys."""
+    constexprs = kernel_constexprs(config, 1 if kv else seq, HQ // HKV, D, DR, PAGE, torch.bfloat16)
     constexprs["INTERPRET"] = False
     scratch = "*bf16" if table_dtype(config) == torch.bfloat16 else "*fp32"
+    ints = int_args(kv or seq, config.num_splits)
+    if kv:
+        ints["num_tokens"] = 1
     return compile_sm90(
         kernels.sheared_bias_attention_kernel, {**POINTERS, "scratch_ptr": scratch},
-        int_args(seq, config.num_splits), ("scale",), constexprs, config.num_warps, config.num_stages,
+        ints, ("scale",), constexprs, config.num_warps, config.num_stages,
     )  # fmt: skip
 
 
@@ -117,13 +125,38 @@ def ptxas_report(ptx: str) -> dict[str, int]:
     }
 
 
-def report(config: AttentionConfig, seq: int) -> dict:
-    compiled = compile_attention(config, seq)
+SM_REGISTERS, SM_SHARED = 65536, 228 * 1024  # per SM, H100 and H200
+
+
+def report(config: AttentionConfig, seq: int, kv: int | None = None) -> dict:
+    compiled = compile_attention(config, seq, kv)
     ptx = compiled.asm["ptx"]
     row = {"variant": short(config), "config": repr(config), "shared_bytes": compiled.metadata.shared}
     row.update(ptxas_report(ptx))
     row.update({name: len(re.findall(pattern, ptx)) for name, pattern in PTX_COUNTS.items()})
+    # programs an SM: registers are allocated per warp in units of 256 (8 a thread)
+    per_warp = -(-max(row["registers"], 1) // 8) * 8 * 32
+    row["programs_by_registers"] = SM_REGISTERS // (per_warp * config.num_warps)
+    row["programs_by_shared"] = SM_SHARED // max(row["shared_bytes"], 1)
     return row
+
+
+def decode_variants(kv: int) -> list[AttentionConfig]:
+    """The launcher's choice for a batch-1 decode over `kv` keys, then its other forms: the relative term as
+    a dot or a GEMV, block_n 64 and 128, two and three stages; the GEMV reducing 8 or 16 of Dr's columns
+    at a time (rel_slice)."""
+    default = choose_config(1, HQ, HKV, 1, kv, 132)
+    out = [default]
+    for rel_dot in (False, True):
+        for block_n in (64, 128):
+            for stages in (2, 3):
+                for rel_slice in (0,) if rel_dot else (0, 8, 16):
+                    c = dataclasses.replace(
+                        default, rel_dot=rel_dot, block_n=block_n, num_stages=stages, rel_slice=rel_slice
+                    )
+                    if c not in out:
+                        out.append(c)
+    return out
 
 
 def short(config: AttentionConfig) -> str:
@@ -153,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seq", type=int, default=8192, help="prefill length the launches are shaped for")
     ap.add_argument("--only", default="", help="compile the variants whose repr contains this")
+    ap.add_argument("--decode", type=int, default=0, help="a batch-1 decode over this many keys instead")
     args = ap.parse_args(argv)
     if not isinstance(kernels.sheared_bias_attention_kernel, triton.runtime.jit.JITFunction):
         # TRITON_INTERPRET=1 (the tests) made this process's kernels, triton.language's too, interpreted
@@ -162,22 +196,28 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run([sys.executable, "-m", "bench.sm90", *argv], env=env, check=False).returncode
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    for config in variants(args.seq):
+    kv = args.decode or None
+    for config in decode_variants(kv) if kv else variants(args.seq):
         if args.only in repr(config):
-            rows.append(report(config, args.seq))
+            rows.append(report(config, args.seq, kv))
             print(json.dumps(rows[-1]), flush=True)
     with open(os.path.join(args.out, "sm90.json"), "w") as f:
-        json.dump({"seq": args.seq, "rows": rows}, f, indent=1)
+        json.dump({"seq": args.seq, "decode_kv": kv, "rows": rows}, f, indent=1)
+    what = (
+        f"a batch-1 decode over {kv} keys (`--decode {kv}`)" if kv else f"prefill tiles (`--seq {args.seq}`)"
+    )
     lines = [
-        f"# The attention kernel compiled for sm_90 (`python -m bench.sm90 --seq {args.seq}`), prefill tiles",
+        f"# The attention kernel compiled for sm_90 (`python -m bench.sm90`), {what}",
         "",
-        "| variant | registers | spill bytes | shared bytes | cp.async | wgmma | mma.sync | bar.sync | shfl |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| variant | registers | spill bytes | shared bytes | programs an SM (registers / shared) | cp.async "
+        "| wgmma | mma.sync | bar.sync | shfl |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         serial = " (wgmma serialized)" if r["wgmma_serialized"] else ""
         lines.append(
-            f"| {r['variant']} | {r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} | {r['cp.async']} "
+            f"| {r['variant']} | {r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} "
+            f"| {r['programs_by_registers']} / {r['programs_by_shared']} | {r['cp.async']} "
             f"| {r['wgmma']}{serial} | {r['mma.sync']} | {r['bar.sync']} | {r['shfl']} |"
         )
     with open(os.path.join(args.out, "sm90.md"), "w") as f:

@@ -27,6 +27,40 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def _gemv_rows(
+    r_h,  # [HEADS, DR] float32: one query row of each head
+    e_ptr,
+    stride_eh,
+    stride_er,
+    head0,
+    dist,  # [BLOCK_N] the keys' distances, clamped to 0 .. R - 1
+    DR: tl.constexpr,
+    DR_SLICE: tl.constexpr,
+    HEADS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """r_h[h] . E[head0 + h, dist[b]] for every head h and key b: [HEADS, BLOCK_N] float32, on the CUDA
+    cores. E's rows are loaded DR_SLICE columns at a time ([HEADS, BLOCK_N, DR_SLICE] in registers; DR_SLICE
+    < DR holds fewer of them at once)."""
+    g = tl.arange(0, HEADS)
+    rows = (head0 + g)[:, None, None] * stride_eh + dist[None, :, None] * stride_er
+    if DR_SLICE == DR:
+        e_rows = tl.load(e_ptr + rows + tl.arange(0, DR)[None, None, :]).to(tl.float32)
+        return tl.sum(r_h[:, None, :] * e_rows, axis=2)
+    else:
+        NS: tl.constexpr = DR // DR_SLICE
+        r_s3 = tl.reshape(r_h, [HEADS, NS, DR_SLICE])
+        sl = tl.arange(0, NS)
+        out = tl.zeros([HEADS, BLOCK_N], tl.float32)
+        for s in tl.static_range(NS):
+            r_s = tl.sum(tl.where(sl[None, :, None] == s, r_s3, 0.0), axis=1)  # [HEADS, DR_SLICE]
+            cols = s * DR_SLICE + tl.arange(0, DR_SLICE)
+            e_rows = tl.load(e_ptr + rows + cols[None, None, :]).to(tl.float32)
+            out += tl.sum(r_s[:, None, :] * e_rows, axis=2)
+        return out
+
+
+@triton.jit
 def _relative_band(
     r,  # [M, DR] the tile's relative queries (M = HEADS * BLOCK_Q, head-major)
     e_ptr,
@@ -37,6 +71,7 @@ def _relative_band(
     R,
     num_rows,  # the tile's real query rows (REL_GEMV skips the others: they are masked)
     DR: tl.constexpr,
+    DR_SLICE: tl.constexpr,
     HEADS: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -57,34 +92,22 @@ def _relative_band(
         # row's distances, d0 + BLOCK_N - 1 + a - b. No band and no shear (the band's tl.gather lowers
         # to warp shuffles, ~8x decode's time per layer on the H200); row a's E rows overlap row a-1's
         # but one, so after the first row they come from L1.
-        g = tl.arange(0, HEADS)
         r3 = tl.reshape(r.to(tl.float32), [HEADS, BLOCK_Q, DR])
         bias = tl.zeros([HEADS, BLOCK_Q, BLOCK_N], tl.float32)
         for qa in tl.static_range(BLOCK_Q):
             if qa < num_rows:
                 dist = tl.minimum(tl.maximum(d0 + (BLOCK_N - 1) + qa - b, 0), R - 1)
-                e_offs = (
-                    (head0 + g)[:, None, None] * stride_eh
-                    + dist[None, :, None] * stride_er
-                    + offs_dr[None, None, :]
-                )
-                e_rows = tl.load(e_ptr + e_offs).to(tl.float32)  # [HEADS, BLOCK_N, DR]
                 r_a = tl.sum(tl.where(a[None, :, None] == qa, r3, 0.0), axis=1)  # [HEADS, DR]
-                row = tl.sum(r_a[:, None, :] * e_rows, axis=2)  # [HEADS, BLOCK_N]
+                row = _gemv_rows(r_a, e_ptr, stride_eh, stride_er, head0, dist, DR, DR_SLICE, HEADS, BLOCK_N)
                 bias = tl.where(a[None, :, None] == qa, row[:, None, :], bias)
         return tl.reshape(bias, [HEADS * BLOCK_Q, BLOCK_N])
     if SINGLE_QUERY:
         # Decode without REL_DOT: one query per head, so no shear: r_h . E[h, d0 + BLOCK_N - 1 - b] per
         # head (a GEMV on the CUDA cores, E in registers); rows a > 0 are padding and get a copy.
-        g = tl.arange(0, HEADS)
         dist = tl.minimum(tl.maximum(d0 + (BLOCK_N - 1) - b, 0), R - 1)
-        e_offs = (
-            (head0 + g)[:, None, None] * stride_eh + dist[None, :, None] * stride_er + offs_dr[None, None, :]
-        )
-        e_rows = tl.load(e_ptr + e_offs).to(tl.float32)  # [HEADS, BLOCK_N, DR]
         r0 = tl.reshape(r.to(tl.float32), [HEADS, BLOCK_Q, DR])
         r0 = tl.sum(tl.where(a[None, :, None] == 0, r0, 0.0), axis=1)  # [HEADS, DR]: query 0 of each head
-        bias = tl.sum(r0[:, None, :] * e_rows, axis=2)  # [HEADS, BLOCK_N]
+        bias = _gemv_rows(r0, e_ptr, stride_eh, stride_er, head0, dist, DR, DR_SLICE, HEADS, BLOCK_N)
         return tl.reshape(
             tl.broadcast_to(bias[:, None, :], [HEADS, BLOCK_Q, BLOCK_N]), [HEADS * BLOCK_Q, BLOCK_N]
         )
@@ -166,6 +189,7 @@ def _attend_tile(
     qk_scale,
     D: tl.constexpr,
     DR: tl.constexpr,
+    DR_SLICE: tl.constexpr,
     HEADS: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -242,6 +266,7 @@ def _attend_tile(
                 R,
                 num_rows,
                 DR,
+                DR_SLICE,
                 HEADS,
                 BLOCK_Q,
                 BLOCK_N,
@@ -309,6 +334,7 @@ def _attend_tiles(
     qk_scale,
     D: tl.constexpr,
     DR: tl.constexpr,
+    DR_SLICE: tl.constexpr,
     HEADS: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -368,6 +394,7 @@ def _attend_tiles(
                 qk_scale,
                 D,
                 DR,
+                DR_SLICE,
                 HEADS,
                 BLOCK_Q,
                 BLOCK_N,
@@ -424,6 +451,7 @@ def _attend_tiles(
                 qk_scale,
                 D,
                 DR,
+                DR_SLICE,
                 HEADS,
                 BLOCK_Q,
                 BLOCK_N,
@@ -516,6 +544,7 @@ def sheared_bias_attention_kernel(
     scale,
     D: tl.constexpr,
     DR: tl.constexpr,
+    DR_SLICE: tl.constexpr,  # the GEMV forms reduce r . E over DR_SLICE of DR's columns at a time
     GROUP: tl.constexpr,  # Hq // Hkv
     HEADS: tl.constexpr,  # query heads per program: 1 or GROUP
     BLOCK_Q: tl.constexpr,
@@ -629,8 +658,8 @@ def sheared_bias_attention_kernel(
                     c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
                     head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
                     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
-                    qk_scale, D, DR, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT, REL_GEMV,
-                    PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, RELATIVE, FAR_TEST, u_base, U_WIDTH, False,
+                    qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
+                    REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, RELATIVE, FAR_TEST, u_base, U_WIDTH, False,
                     INTERPRET,
                 )  # fmt: skip
             else:
@@ -638,8 +667,8 @@ def sheared_bias_attention_kernel(
                     c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
                     head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
                     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
-                    qk_scale, D, DR, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT, REL_GEMV,
-                    PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, RELATIVE, FAR_TEST, u_base, U_WIDTH, True,
+                    qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
+                    REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, RELATIVE, FAR_TEST, u_base, U_WIDTH, True,
                     INTERPRET,
                 )  # fmt: skip
             c += CHUNK
@@ -680,6 +709,7 @@ def sheared_bias_attention_kernel(
             qk_scale,
             D,
             DR,
+            DR_SLICE,
             HEADS,
             BLOCK_Q,
             BLOCK_N,

@@ -51,6 +51,10 @@ class AttentionConfig:
     # Verify (heads > 1, several queries): the relative term as one GEMV per query row (True), or as a
     # band product per head sheared with tl.gather (False; needs block_q >= 16).
     rel_gemv: bool = False
+    # The GEMV forms (decode without rel_dot, verify with rel_gemv): E's rows are loaded and reduced this
+    # many of Dr's columns at a time (0: all Dr at once). Fewer columns at once hold fewer registers: at
+    # block_n 128 a decode program's [8 heads, 128 keys, 32] float32 rows alone are 256 a thread.
+    rel_slice: int = 0
     # Test each KV tile for distances all clipped at R - 1 (then the term is r . E[R-1] per row, no band):
     # a runtime branch in the tile loop. False: every tile takes the band path, which clamps distances
     # itself (the same result; for launches whose tiles are never wholly past R - 1).
@@ -76,6 +80,8 @@ class AttentionConfig:
             raise ValueError(
                 f"AttentionConfig.table_dtype must be 'float32' or 'bfloat16', got {self.table_dtype!r}"
             )
+        if self.rel_slice < 0 or self.rel_slice & (self.rel_slice - 1):
+            raise ValueError(f"AttentionConfig.rel_slice must be 0 or a power of two, got {self.rel_slice}")
         if self.chunk_tiles < 1:
             raise ValueError(f"AttentionConfig.chunk_tiles must be at least 1, got {self.chunk_tiles}")
 
@@ -213,6 +219,7 @@ def kernel_constexprs(
     return dict(
         D=D,
         DR=Dr,
+        DR_SLICE=min(config.rel_slice, Dr) if config.rel_slice else Dr,
         GROUP=group,
         HEADS=config.heads,
         BLOCK_Q=config.block_q,

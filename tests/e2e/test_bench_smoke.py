@@ -162,6 +162,28 @@ def test_sm90_report_smoke(tmp_path):
     assert "chunk_tiles=7" in (tmp_path / "sm90.md").read_text()
 
 
+def test_sm90_decode_report(tmp_path):
+    """bench.sm90 --decode: the batch-1 decode over 8K keys as the launcher launches it (64 splits), the
+    GEMV of the relative term reducing 8 of Dr's columns at a time (rel_slice). Compiled for sm_90 this
+    form holds fewer registers than the whole-Dr GEMV (168 against 254 at 64 keys and two stages, session
+    22), and the table says how many programs fit on an SM."""
+    from bench.sm90 import main as sm90_main
+
+    variant = (
+        "block_n=64, num_splits=64, num_warps=4, num_stages=2, shear='gather', chunk_tiles=3, "
+        "unmasked_chunks=True, table_dtype='float32', rel_dot=False, rel_gemv=False, rel_slice={}"
+    )
+    rows = {}
+    for rel_slice in (0, 8):
+        only = variant.format(rel_slice)
+        out = tmp_path / str(rel_slice)
+        assert sm90_main(["--decode", "8192", "--only", only, "--out", str(out)]) == 0
+        (rows[rel_slice],) = json.loads((out / "sm90.json").read_text())["rows"]
+    assert rows[8]["registers"] < rows[0]["registers"]
+    assert rows[8]["programs_by_registers"] >= rows[0]["programs_by_registers"] >= 1
+    assert "a batch-1 decode over 8192 keys" in (tmp_path / "8" / "sm90.md").read_text()
+
+
 def test_sm90_moe_report_smoke(tmp_path):
     """bench.sm90_moe compiles the MoE grouped GEMM for sm_90 without a GPU and counts its K loop's SASS:
     every launch's loop has its tensor-core instructions, and the NVFP4 GEMM 1's loop carries the

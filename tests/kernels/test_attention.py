@@ -206,6 +206,17 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
             32,
             AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=3, rel_gemv=True),
         ),
+        # the GEMV forms reducing r . E a slice of Dr's columns at a time (rel_slice): decode and verify
+        (
+            DECODE,
+            32,
+            AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=3, rel_dot=False, rel_slice=4),
+        ),
+        (
+            VERIFY,
+            0,
+            AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=2, rel_gemv=True, rel_slice=8),
+        ),
         (VERIFY[:3], 32, AttentionConfig(heads=1, block_q=16, block_n=32, num_splits=2)),
         (CHUNKED[:2], 0, AttentionConfig(heads=1, block_q=32, block_n=16, num_splits=5)),
         # the previous GPU default for prefill (gather shear, 32x32)
@@ -296,6 +307,8 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         "verify-gemv",
         "verify-gemv-short-sliding",
         "verify-gemv-two-tiles-sliding",
+        "decode-gemv-sliced-sliding",
+        "verify-gemv-sliced",
         "verify-unpacked",
         "chunked",
         "prefill-gather-32x32",
@@ -563,6 +576,25 @@ def test_gpu_decode_variants(window, rel_dot, block_n, splits):
     config = AttentionConfig(
         heads=8, block_q=2, block_n=block_n, num_splits=splits, num_stages=3, rel_dot=rel_dot
     )
+    assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("q_len", [1, 4, 9])
+@pytest.mark.parametrize("rel_slice", [8, 16])
+def test_gpu_gemv_rel_slice(q_len, rel_slice):
+    """The GEMV forms of the relative term (decode, verify) reducing a slice of Dr's columns at a time, as
+    bench/attention.py times them: inkling-bench's group and Dr, past R, sliding, split, bf16."""
+    batch = make_batch(
+        [(1500, q_len), (600, q_len), (130, q_len), (q_len, q_len)], hq=16, hkv=2, d=128, dr=32, rel=512,
+        window=256, dtype=torch.bfloat16,
+    )  # fmt: skip
+    block_q = max(min(triton.next_power_of_2(q_len), launcher.VERIFY_TILE_ROWS), 2)
+    config = AttentionConfig(
+        heads=8, block_q=block_q, block_n=128 if q_len == 1 else 64, num_splits=5, num_stages=3 if q_len == 1 else 2,
+        rel_gemv=q_len > 1, rel_slice=rel_slice,
+    )  # fmt: skip
     assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
 
 
