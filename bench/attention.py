@@ -275,7 +275,7 @@ def as_tokens(o, batch, q_len):
     return o.transpose(1, 2).reshape(batch * q_len, HQ, D)
 
 
-def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: None, peers=True):
+def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: None, with_peers=True):
     log(f"== {name}")
     x = make_inputs(batch, q_len, kv_len, window)
     pairs = batch * pairs_of(q_len, kv_len, window)
@@ -315,16 +315,13 @@ def run_workload(name, batch, q_len, kv_len, window, deadline, save=lambda row: 
         row["check_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         log("   check failed:", row["check_error"])
     save(row)
-    with_peers, peers = (
-        peers,
-        [
-            (
-                "SDPA no bias" if not window else "Flex no bias (SOL)",
-                lambda: sdpa_or_flex_sol(x, batch, q_len, kv_len, window),
-            ),
-            ("Flex r·E (U materialised)", lambda: flex_run or flex_peer(x, batch, q_len, kv_len, window)),
-        ],
-    )
+    peers = [
+        (
+            "SDPA no bias" if not window else "Flex no bias (SOL)",
+            lambda: sdpa_or_flex_sol(x, batch, q_len, kv_len, window),
+        ),
+        ("Flex r·E (U materialised)", lambda: flex_run or flex_peer(x, batch, q_len, kv_len, window)),
+    ]
     table_bytes = batch * HQ * q_len * min(R, kv_len, window or R) * 2  # rel_table's U, bf16
     if table_bytes <= 12 << 30:
         # The 8K prefill's 8.6 GB table ran (42.7 ms); the 32K window's 17 GB one ended the run of
@@ -532,7 +529,7 @@ def main():
             with open(a.row_file, "w") as f:
                 json.dump(row, f)
 
-        save(run_workload(name, b, ql, kv, w, time.time() + a.budget_s, save, peers=not a.no_peers))
+        save(run_workload(name, b, ql, kv, w, time.time() + a.budget_s, save, with_peers=not a.no_peers))
         return
     started = datetime.datetime.now().isoformat(timespec="minutes")
     t0 = time.time()

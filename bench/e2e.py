@@ -566,14 +566,13 @@ def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
         f"{_sampling(r)}.",
     ]
     for name, part in r.get("parts", {}).items():
-        missing = [str(b) for b in _requested_batches(part) if str(b) not in part.get("decode", {})]
-        lost = f"; batches {', '.join(missing)} not measured (the run ended before them: see its log)"
-        for i, run in enumerate(part.get("runs", [part])):
+        for run in part.get("runs", [part]):
             gave = f": batches {', '.join(map(str, run['gave']))}" if "gave" in run else ""
-            last = i == len(part.get("runs", [part])) - 1
-            lines.append(
-                f"- part {name}: `{run['command']}` ({run['device']}, {run['date']}){gave}"
-                + (lost if missing and last else "")
+            lines.append(f"- part {name}: `{run['command']}` ({run['device']}, {run['date']}){gave}")
+        missing = [str(b) for b in _requested_batches(part) if str(b) not in part.get("decode", {})]
+        if missing:
+            lines[-1] += (
+                f"; batches {', '.join(missing)} not measured (the run ended before them: see its log)"
             )
     lines += ["", "| measure | ours | bound | fraction of bound |", "|---|---|---|---|"]
     for tier, s in r.get("ttft_s", {}).items():

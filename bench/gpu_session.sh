@@ -86,6 +86,9 @@ export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT=${OUT:-build/gpu-out}
 mkdir -p "$OUT"
 PYTEST=(python3 -X faulthandler -m pytest -q -s -p no:cacheprovider)
+# session 22's e2e sampled batch 32 with the MoE bucket for 17-32 tokens (s22-check, then s22-e2e32 with room)
+S22_E2E32=(python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 256
+    --batches 32 --decode_budget_s 10 --tune_max_tokens 32 --temperature 1 --reference_peers "" --out "$OUT/e2e")
 
 run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, record the exit code
     # At the limit the command gets SIGABRT, on which Python's faulthandler dumps every thread's stack
@@ -406,14 +409,12 @@ s22-check)
     # op in 2.43 ms against the tensor-core tiles' 2.66: the e2e sampled batch 32 (18.5-18.7 ms a step with
     # T = 64's tiles, bench/results/gpu-2026-12-02/)
     run attn_test 400 "${PYTEST[@]}" tests/kernels/test_attention.py -m gpu
-    run e2e 170 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 256 \
-        --batches 32 --decode_budget_s 10 --tune_max_tokens 32 --temperature 1 --reference_peers "" --out "$OUT/e2e"
+    run e2e 170 "${S22_E2E32[@]}"
     pack s22-check
     ;;
 s22-e2e32)
     # Session 22: s22-check's e2e again with room for the longer tune (90 s with the T = 32 bucket; its 170 s ran out)
-    run e2e 330 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 256 \
-        --batches 32 --decode_budget_s 10 --tune_max_tokens 32 --temperature 1 --reference_peers "" --out "$OUT/e2e"
+    run e2e 330 "${S22_E2E32[@]}"
     pack s22-e2e32
     ;;
 s23-attn)

@@ -453,8 +453,8 @@ class LLMEngine:
         """The sequence's next tokens from its rows of logits: one sample (or `pick`, the token already
         drawn on the device and its logprob), or with MTP drafts their verification (greedy: exact match,
         against `targets`, the rows' argmaxes, where given; sampling: rejection sampling against `probs`,
-        the rows' target distributions on the host, from `_verify_probs`), emitting 1..k+1 tokens. Rolls the caches
-        back over rejected drafts."""
+        the rows' target distributions on the host, from `_verify_probs`), emitting 1..k+1 tokens. Rolls the
+        caches back over rejected drafts."""
         seq = s.seq
         state = self.requests[seq.request_id]
         params = seq.params
