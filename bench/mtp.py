@@ -234,7 +234,6 @@ def main(argv: list[str] | None = None) -> int:
             )
     # One head pass at one position, and the draft pick; replayed with the last head call's inputs.
     seq.drafts = []
-    eng.draft_override = None
     eng.step()
     w, h_prev, ids, _, _, _, seq_lens, block_table, slots, state, _, kc, vc, conv = head.args
     dev = h_prev.device

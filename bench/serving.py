@@ -38,12 +38,12 @@ def prompts(n: int) -> list[str]:
 
 
 def in_process(llm: LLM, texts: list[str], max_tokens: int) -> dict:
-    before = {k: float(llm.engine.stats[k]) for k in ENGINE_STATS}
+    before = {k: float(getattr(llm.engine.stats, k)) for k in ENGINE_STATS}
     t0 = time.perf_counter()
     outs = llm.generate(texts, SamplingParams(max_tokens=max_tokens))
     wall = time.perf_counter() - t0
     tokens = sum(o.completion_tokens for o in outs)
-    after = {k: float(llm.engine.stats[k]) for k in ENGINE_STATS}
+    after = {k: float(getattr(llm.engine.stats, k)) for k in ENGINE_STATS}
     r = {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "ttft_s": None}
     return engine_figures(r, before, after)
 

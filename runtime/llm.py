@@ -9,7 +9,9 @@ async for delta in llm.stream("Hello", SamplingParams(max_tokens=8)): print(delt
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -29,6 +31,7 @@ from .engine import LLMEngine, PromptInput, StreamDelta
 from .params import SamplingParams
 
 PromptLike = str | dict | ProcessedPrompt | PromptInput
+log = logging.getLogger("runtime.llm")
 
 
 @dataclass
@@ -41,6 +44,7 @@ class RequestOutput:
     completion_tokens: int
     logprobs: list[float] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None  # finish_reason "error": why the request was ended while it was served
 
 
 class LLM:
@@ -129,22 +133,31 @@ class LLM:
         prompts: PromptLike | Sequence[PromptLike],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run prompts to completion, batched together; outputs in the order of the prompts."""
+        """Run prompts to completion, batched together; outputs in the order of the prompts. A request that
+        fails while it is served comes back with finish_reason "error" and its `error`; the others are
+        unaffected. Should the engine itself fail, these requests are aborted before the error propagates,
+        so the LLM stays usable."""
         if isinstance(prompts, (str, dict, ProcessedPrompt, PromptInput)):
             prompts = [prompts]
         params_list = (
             list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
         )
         ids = []
-        for prompt, p in zip(prompts, params_list):
-            rid = f"gen-{next(self._ids)}"
-            self.engine.add_request(rid, self.prepare(prompt), p)
-            ids.append(rid)
-        merged: dict[str, StreamDelta | None] = dict.fromkeys(ids)
-        while self.engine.has_unfinished():
-            for d in self.engine.step():
-                so_far = merged[d.request_id]
-                merged[d.request_id] = d if so_far is None else so_far.merge(d)
+        try:
+            for prompt, p in zip(prompts, params_list):
+                rid = f"gen-{next(self._ids)}"
+                self.engine.add_request(rid, self.prepare(prompt), p)
+                ids.append(rid)
+            merged: dict[str, StreamDelta | None] = dict.fromkeys(ids)
+            while any(merged[rid] is None or merged[rid].finish_reason is None for rid in ids):
+                for d in self.engine.step():
+                    if d.request_id in merged:
+                        so_far = merged[d.request_id]
+                        merged[d.request_id] = d if so_far is None else so_far.merge(d)
+        except BaseException:
+            for rid in ids:
+                self.engine.abort_request(rid)
+            raise
         return [_output(merged[rid]) for rid in ids]
 
     async def stream(
@@ -154,20 +167,23 @@ class LLM:
         streams use EngineLoop)."""
         rid = f"stream-{next(self._ids)}"
         self.engine.add_request(rid, self.prepare(prompt), params or SamplingParams())
-        while True:
-            for d in self.engine.step():
-                if d.request_id == rid:
-                    yield d
-                    if d.finish_reason is not None:
-                        return
-            await asyncio.sleep(0)
+        try:
+            while True:
+                for d in self.engine.step():
+                    if d.request_id == rid:
+                        yield d
+                        if d.finish_reason is not None:
+                            return
+                await asyncio.sleep(0)
+        finally:
+            self.engine.abort_request(rid)  # a consumer that stops early, or an engine failure
 
 
 def _output(d: StreamDelta) -> RequestOutput:
     """A request's deltas, merged (StreamDelta.merge), as its output."""
     return RequestOutput(
         d.request_id, d.text, d.token_ids, d.finish_reason, d.prompt_tokens, d.completion_tokens,
-        d.logprobs, d.metrics or {},
+        d.logprobs, d.metrics or {}, d.error,
     )  # fmt: skip
 
 
@@ -191,7 +207,6 @@ class EngineLoop:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self.metrics = {"requests": 0, "tokens": 0, "ttft_s": [], "itl_s": []}
         self._thread = threading.Thread(target=self._run, name="inkling-engine", daemon=True)
         self._thread.start()
 
@@ -246,7 +261,14 @@ class EngineLoop:
             with self._lock:
                 self._drain_inbox()
                 busy = self.engine.has_unfinished()
-                deltas = self.engine.step() if busy else []
+                try:
+                    deltas = self.engine.step() if busy else []
+                except Exception as e:  # the engine's own fault, not one request's: end what runs, go on
+                    log.exception("engine step failed")
+                    deltas = [
+                        dataclasses.replace(d, finish_reason="error", error=f"engine failure: {e}")
+                        for d in self.engine.abort_all()
+                    ]
             for d in deltas:
                 cb = self._callbacks.get(d.request_id)
                 if d.finish_reason is not None:

@@ -4,7 +4,8 @@ Each step: running sequences that decode take one token each; then sequences sti
 waiting ones, take chunks of what is left of `max_num_tokens`. When blocks run out, the newest
 running sequence is preempted (its blocks freed, its tokens recomputed later); a request never fails
 for lack of memory unless it could not fit in an empty pool, which is refused when it arrives.
-No torch here.
+A sequence isolated after a failed step (LLMEngine) is scheduled alone until it has recomputed past the
+point where the batch failed: a request that fails again there, alone, is the one at fault. No torch here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from dataclasses import dataclass
 
 from .block_manager import BlockManager
 from .sequence import Sequence, Status
+
+
+def _may_run(seq: Sequence, alone: Sequence | None) -> bool:
+    return alone is None or seq is alone
 
 
 @dataclass
@@ -51,15 +56,26 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def isolating(self) -> Sequence | None:
+        """The isolated sequence the next steps run alone (running ones first, oldest first), or None."""
+        running = [s for s in self.running if s.isolate_until]
+        if running:
+            return min(running, key=lambda s: s.arrival)
+        return next((s for s in self.waiting if s.isolate_until), None)
+
     def schedule(self, on_admit=None) -> list[ScheduledSeq]:
         """Pick this step's work. `on_admit(seq)` runs when a waiting sequence gets its slot (the
         engine uses it to look up the prefix cache before blocks are allocated)."""
+        alone = self.isolating()
+        if alone is not None and alone.status == Status.WAITING and self.waiting[0] is not alone:
+            self.waiting.remove(alone)
+            self.waiting.appendleft(alone)
         budget = self.max_num_tokens
         out: list[ScheduledSeq] = []
         # 1. Decoding sequences: one token each plus their MTP drafts, oldest first; preempt the newest
         # when blocks run out (for the token; drafts are dropped rather than preempt anyone).
         for seq in sorted(self.running, key=lambda s: s.arrival):
-            if seq.is_prefill or budget == 0 or seq.status != Status.RUNNING:
+            if seq.is_prefill or budget == 0 or seq.status != Status.RUNNING or not _may_run(seq, alone):
                 continue
             if not self._reserve(seq, len(seq), out):
                 continue
@@ -77,6 +93,7 @@ class Scheduler:
                 or not seq.is_prefill
                 or seq.status != Status.RUNNING
                 or len(out) >= self.max_batch_size
+                or not _may_run(seq, alone)
             ):
                 continue
             n = self._chunk(seq, budget)
@@ -85,6 +102,8 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(out) < self.max_batch_size and self.free_slots:
             seq = self.waiting[0]
+            if not _may_run(seq, alone):
+                break
             seq.blocks = self.blocks.new_sequence()
             if on_admit is not None:
                 on_admit(seq)

@@ -40,6 +40,10 @@ class Sequence:
     head_drafts: list[int] = field(default_factory=list)
     drafts_from: int | None = None
     head_computed: list[int] = field(default_factory=list)
+    # Failure isolation (LLMEngine): after a batch it was in failed, the sequence recomputes alone up to
+    # this many tokens (0: not isolated); how many failed batches it has been in.
+    isolate_until: int = 0
+    num_failures: int = 0
 
     def reset_heads(self) -> None:
         """Forget every head state and draft (a preempted sequence recomputes them)."""

@@ -13,6 +13,7 @@ import torch
 
 from builder import ENGINE_FORMAT_VERSION, BuildConfig, Engine, EngineError, EngineRunner, Prompt, build
 
+from ..hooks import override_drafts
 from .conftest import SMALL
 
 
@@ -182,7 +183,7 @@ def test_compiled_engine_equals_eager(tiny_nvfp4_ckpt_dir, engine_f32, prompts, 
 
     def drafts_of(engine) -> list[list[int]]:
         eng, seen = LLMEngine(engine), []
-        eng.draft_override = lambda rid, tokens, drafts: seen.append(list(drafts)) or drafts
+        override_drafts(eng, lambda rid, tokens, drafts: seen.append(list(drafts)) or drafts)
         eng.add_request(
             "r",
             PromptInput(prompts[0].input_ids),

@@ -2,7 +2,7 @@
 
 The synthetic heads are random, so their own drafts are almost never accepted. To exercise every
 acceptance length, an oracle replaces the drafts before verification with the true greedy
-continuation corrupted after a random cut (`LLMEngine.draft_override`); the heads' states keep
+continuation corrupted after a random cut (`tests.hooks.override_drafts`); the heads' states keep
 standing on their own drafts, as in a real run, and the engine must tell which of them stay valid.
 """
 
@@ -18,6 +18,7 @@ from builder import BuildConfig, Engine, EngineError, build
 from builder.config import BuildError
 from runtime import LLM, LLMEngine, PromptInput, SamplingParams
 
+from ..hooks import override_drafts
 from .conftest import SMALL
 from .test_runtime import prompt_input, run_all
 
@@ -64,7 +65,7 @@ def _requests(llm: LLM, prompts) -> list[tuple[str, PromptInput, SamplingParams]
 
 def _run(engine, requests, k_of=None, override=None, chunk=32, **kw):
     eng = _engine(engine, chunk, **kw)
-    eng.draft_override = override
+    override_drafts(eng, override)
     for rid, p, params in requests:
         if k_of is not None:
             params = SamplingParams(**{**params.__dict__, "num_draft_tokens": k_of(params)})
@@ -78,7 +79,7 @@ def plain(engine_f32, prompts):
     requests = _requests(llm, prompts)
     outs, eng = _run(engine_f32[0], requests, k_of=lambda p: 0)
     lens = {rid: len(p.input_ids) for rid, p, _ in requests}
-    return requests, outs, lens, eng.stats["steps"]
+    return requests, outs, lens, eng.stats.steps
 
 
 def test_greedy_with_mtp_equals_plain_for_every_draft_count(engine_f32, plain):
@@ -95,7 +96,7 @@ def test_greedy_with_mtp_equals_plain_for_every_draft_count(engine_f32, plain):
     assert 0 < rates[0] < 1 and sum(r > 0 for r in rates) >= 6, rates  # accepts and rejects, deep accepts
     usage = eng.blocks.usage()
     assert usage["used_blocks"] == usage["evictable_blocks"]  # every block free or only cached
-    assert eng.stats["steps"] < plain_steps
+    assert eng.stats.steps < plain_steps
 
 
 def test_heads_past_max_draft_len_are_not_loaded(tiny_nvfp4_ckpt_dir, plain):
@@ -241,7 +242,7 @@ def test_caches_after_accepts_and_rejects_equal_fresh_recomputation(engine_f32, 
     engine = engine_f32[0]
     picked = [requests[i] for i in (4, 8)]  # long text with 4 heads, short text with 8
     eng = _engine(engine, 16)
-    eng.draft_override = Oracle(base, lens, seed=3)
+    override_drafts(eng, Oracle(base, lens, seed=3))
     for rid, p, params in picked:
         eng.add_request(rid, p, SamplingParams(**{**params.__dict__, "max_tokens": 40}))
     while eng.acceptance.steps < 8:
@@ -347,8 +348,8 @@ def test_sampling_with_mtp_keeps_the_distribution(tiny_nvfp4_ckpt_dir, reference
         return picked
 
     eng = LLMEngine(engine)
-    eng.num_real_tokens = n_real
-    eng.draft_override = override
+    eng.num_real_tokens = eng.spec.num_real_tokens = n_real
+    override_drafts(eng, override)
     n = 1200
     for i in range(n):
         eng.add_request(str(i), PromptInput(prompt), SamplingParams(**{**params.__dict__, "seed": 1000 + i}))

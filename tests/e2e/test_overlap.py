@@ -71,7 +71,7 @@ def test_overlapped_steps_change_no_output(engine_f32, reference, prompts):
     probe = probe.generate(prompt_input(plain, prompts[1]), SamplingParams(max_tokens=25, ignore_eos=True))[0]
     stop_token = probe.token_ids[7]  # the "stop" request ends at its first occurrence, mid-decode
     want = script(plain, prompts, stop_token)
-    assert plain.engine.stats["overlapped_steps"] == 0
+    assert plain.engine.stats.overlapped_steps == 0
     llm = LLM(engine_f32[0], overlap=True)
     got = script(llm, prompts, stop_token)
     assert got[:3] == want[:3]
@@ -85,8 +85,8 @@ def test_overlapped_steps_change_no_output(engine_f32, reference, prompts):
     assert want[0]["long"] == reference_greedy(reference, prompts[0], 40)
     assert len(want[3]["logprobs"]) == len(want[3]["sampled-logprobs"]) == 8
     # The overlap really ran: 27 of the 41 steps (sampling and logprobs included; not prefills or joins).
-    assert llm.engine.stats["overlapped_steps"] >= 24, llm.engine.stats
-    assert llm.engine.stats["generated_tokens"] == plain.engine.stats["generated_tokens"]
+    assert llm.engine.stats.overlapped_steps >= 24, llm.engine.stats
+    assert llm.engine.stats.generated_tokens == plain.engine.stats.generated_tokens
     assert_all_free(llm)
 
 
@@ -114,7 +114,7 @@ def test_overlapped_steps_have_the_same_layout_and_logits(engine_f32, prompts):
         logprobs = []
         while eng.has_unfinished():
             logprobs += [x for d in eng.step() for x in d.logprobs or []]
-        return steps, eng.stats["overlapped_steps"], logprobs
+        return steps, eng.stats.overlapped_steps, logprobs
 
     plain, _, plain_logprobs = run(False)
     got, overlapped, logprobs = run(True)
@@ -144,12 +144,12 @@ def test_blocks_registered_under_overlap_restore_exactly(which, engine_f32, engi
         llm = LLM(engine, overlap=overlap)
         first = llm.generate(prompt_input(llm, p), SamplingParams(max_tokens=40, ignore_eos=True))[0]
         follow = PromptInput(torch.tensor(list(p.input_ids.tolist()) + first.token_ids[:-1]))  # text only
-        computed = llm.engine.stats["prefill_tokens"]
+        computed = llm.engine.stats.prefill_tokens
         params = SamplingParams(max_tokens=4, ignore_eos=True, logprobs=0)
         second = llm.generate(follow, params)[0]
         hits = llm.engine.blocks.stats["prefix_hits"]
         outs[overlap] = (first.token_ids, second.token_ids, second.logprobs, hits)
-        saved = len(follow.input_ids) - (llm.engine.stats["prefill_tokens"] - computed)
+        saved = len(follow.input_ids) - (llm.engine.stats.prefill_tokens - computed)
         assert hits >= 1 and saved >= 96, (
             overlap,
             hits,
@@ -205,7 +205,7 @@ def test_soak_with_overlap(engine_f32):
                 aborted.add(victim)
         run_all(eng, outs=outs)
         assert_all_free(llm)
-        return outs, aborted, eng.stats["overlapped_steps"]
+        return outs, aborted, eng.stats.overlapped_steps
 
     plain, plain_aborted, _ = soak(False)
     got, got_aborted, overlapped = soak(True)

@@ -59,17 +59,17 @@ def test_batched_greedy_equals_reference(engine_f32, reference, prompts):
     outs = run_all(eng, outs=outs)
     for rid, p in zip(["r0", "r1", "r2", "late"], prompts):
         assert outs[rid] == reference_greedy(reference, p, 6), rid
-    assert eng.stats["steps"] > 8  # chunks and joins, not one big step
+    assert eng.stats.steps > 8  # chunks and joins, not one big step
 
 
 def test_prefix_cache_hit_reuses_blocks_and_keeps_outputs(llm, reference, prompts):
     p = prompt_input(llm, prompts[0])  # 90 tokens: 5 full blocks of 16
     first = llm.generate(p, GREEDY)[0]
-    computed = llm.engine.stats["prefill_tokens"]
+    computed = llm.engine.stats.prefill_tokens
     second = llm.generate(p, GREEDY)[0]
     assert second.token_ids == first.token_ids == reference_greedy(reference, prompts[0], 6)
     assert llm.engine.blocks.stats["prefix_hits"] == 1
-    saved = 2 * computed - llm.engine.stats["prefill_tokens"]
+    saved = 2 * computed - llm.engine.stats.prefill_tokens
     assert saved >= 64, f"the second prefill computed only {saved} fewer tokens"
 
 

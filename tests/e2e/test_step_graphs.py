@@ -27,6 +27,7 @@ from runtime.step_graphs import (
     token_buckets,
 )
 
+from ..hooks import override_drafts
 from .test_mtp import Oracle
 from .test_runtime import prompt_input, run_all
 
@@ -246,7 +247,7 @@ def _requests(engine_f32, prompts):
 
 def _run(engine, requests, override=None, **kw):
     eng = LLMEngine(engine, **kw)
-    eng.draft_override = override
+    override_drafts(eng, override)
     for rid, p, params in requests:
         eng.add_request(rid, p, params)
     return run_all(eng), eng
@@ -296,7 +297,7 @@ def test_padded_draft_picks_equal_unpadded(engine_f32, unpadded):
         eng = LLMEngine(engine_f32[0], **kw)
         if not draft_graphs:  # bench.e2e --eager_pick: the head's bucket, the holes and the pick apart
             eng.runner.draft_graphs = None
-        eng.draft_override = record
+        override_drafts(eng, record)
         for rid, p, params in requests:
             eng.add_request(rid, p, params)
         runs.append((run_all(eng), seen))

@@ -27,6 +27,7 @@ from inkling.synth import iter_synthetic_tensors, synth_config
 from inkling.tokenizer import build_tokenizer
 from runtime import LLM, LLMEngine, PromptInput, SamplingParams
 
+from ..hooks import override_drafts
 from .test_mtp import Oracle
 
 DEVICE = os.environ.get("INKLING_TP_DEVICE", "cpu")
@@ -249,7 +250,7 @@ def with_oracle_drafts(llm: LLM, plain: list[list[int]]) -> list[list[int]]:
     (accepts and rejects, so rollbacks reach every rank): each request's tokens."""
     prompts = [llm.prepare(p) for p in PROMPTS]
     want = {f"r{i}": tokens for i, tokens in enumerate(plain)}
-    llm.engine.draft_override = Oracle(want, {f"r{i}": len(p.input_ids) for i, p in enumerate(prompts)})
+    override_drafts(llm.engine, Oracle(want, {f"r{i}": len(p.input_ids) for i, p in enumerate(prompts)}))
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_draft_tokens=2)
     try:
         for i, p in enumerate(prompts):
@@ -259,7 +260,7 @@ def with_oracle_drafts(llm: LLM, plain: list[list[int]]) -> list[list[int]]:
             for d in llm.engine.step():
                 got[d.request_id] += d.token_ids
     finally:
-        llm.engine.draft_override = None
+        override_drafts(llm.engine, None)
     return list(got.values())
 
 
@@ -294,7 +295,7 @@ def test_overlapped_steps_on_every_rank(engine_dirs, baseline):
         want_tokens, want_logits, _ = baseline
         assert tokens == want_tokens and len(logits) == len(want_logits)
         assert max(float((a - b).abs().max()) for a, b in zip(logits, want_logits)) < LOGIT_ATOL
-        assert llm.engine.stats["overlapped_steps"] >= 6, llm.engine.stats
+        assert llm.engine.stats.overlapped_steps >= 6, llm.engine.stats
     finally:
         llm.shutdown()
     assert all(p.poll() == 0 for p in llm.workers.procs)

@@ -13,6 +13,8 @@ from builder import BuildConfig, Engine, EngineRunner, PluginConfig, Prompt, bui
 from inkling.model import InklingReference
 from runtime import LLM, PromptInput, SamplingParams
 
+from ..hooks import override_drafts
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 SMALL = dict(max_batch_size=4, max_seq_len=256, max_input_len=256, max_num_tokens=512, device="cuda")
@@ -109,7 +111,7 @@ def test_cuda_engine_mtp(tiny_nvfp4_ckpt_dir, reference, gpu_prompts):
 
     def run(k_of, override=None):
         eng = LLMEngine(engine)
-        eng.draft_override = override
+        override_drafts(eng, override)
         for i, p in enumerate(gpu_prompts * 2):
             params = SamplingParams(max_tokens=12, ignore_eos=True, num_draft_tokens=k_of(i))
             eng.add_request(str(i), PromptInput(p.input_ids), params)
@@ -187,8 +189,8 @@ def test_cuda_graphs_match_eager(tiny_nvfp4_ckpt_dir, dtype):
         overlapped_eng = LLMEngine(engine)
         assert overlapped_eng.overlap and overlapped_eng.runner.step_graphs is not None
         assert run(overlapped_eng, k) == graphed
-        print(f"[overlap {dtype}] k={k}: {overlapped_eng.stats['overlapped_steps']} overlapped steps")
-        assert k or overlapped_eng.stats["overlapped_steps"] >= 8
+        print(f"[overlap {dtype}] k={k}: {overlapped_eng.stats.overlapped_steps} overlapped steps")
+        assert k or overlapped_eng.stats.overlapped_steps >= 8
     for batch in (1, 8):
         times = {}
         for mode, kw in modes.items():
@@ -244,7 +246,7 @@ def test_sampling_and_logprobs_on_the_gpu_overlap(tiny_nvfp4_ckpt_dir):
             for d in eng.step():
                 tokens.setdefault(d.request_id, []).extend(d.token_ids)
                 logprobs.setdefault(d.request_id, []).extend(d.logprobs or [])
-        return tokens, logprobs, eng.stats["overlapped_steps"]
+        return tokens, logprobs, eng.stats.overlapped_steps
 
     plain, plain_lp, none = run(False)
     got, got_lp, overlapped = run(True)
