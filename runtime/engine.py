@@ -40,7 +40,7 @@ from .spec_decode import SpeculativeDecoder
 __all__ = ["LLMEngine", "PromptInput", "StreamDelta"]
 
 DRAFT_SEED_SALT = 0x5DEECE66D  # a request's MTP rejection-sampling generator: its seed XOR this
-MAX_FAILURES = 2  # failed batches a request may be in before it is ended, though it never failed alone
+MAX_FAILURES = 3  # failed batches a request may be in before it is ended, though it never failed alone
 log = logging.getLogger("runtime.engine")
 
 

@@ -22,6 +22,7 @@ and `on_exit` is called (the Triton model starts another EngineProcess there).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pickle
 import socket
@@ -231,7 +232,14 @@ def serve(conn: Connection, llm_args: dict) -> None:
                 out += _handle(engine, message)
                 busy = True
             if engine.has_unfinished():
-                out += engine.step()
+                try:
+                    out += engine.step()
+                except Exception as e:  # the engine's own fault, not one request's: end what runs, go on
+                    traceback.print_exc()
+                    out += [
+                        dataclasses.replace(d, finish_reason="error", error=f"engine failure: {e}")
+                        for d in engine.abort_all()
+                    ]
             if out:
                 send("step", out)
     except (EOFError, OSError):
