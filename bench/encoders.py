@@ -1,4 +1,4 @@
-"""Benchmark: the image and audio encoders at batch 1, eager vs CUDA graphs (builder/encoder_graphs.py).
+"""Benchmark: the image and audio encoders at batch 1, eager vs CUDA graphs (runtime/encoder_graphs.py).
 
     python -m bench.encoders                                            # the H200 run, inkling-bench, bf16
     python -m bench.encoders --device cpu --out build/bench-encoders    # CPU smoke: inkling-tiny, tiny shapes
@@ -28,9 +28,9 @@ import torch
 
 from builder.build import export_encoders
 from builder.config import BuildConfig
-from builder.encoder_graphs import GraphedEncoder
 from inkling.synth import _bf16_tensor, _generator, synth_config
 from inkling.tensors import encoder_tensors
+from runtime.encoder_graphs import GraphedEncoder
 
 WARMUP = 10
 GOAL = 2.0  # graphed at least 2x lower latency than eager

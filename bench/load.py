@@ -5,11 +5,11 @@
 
 Each run is a new Python process with empty Inductor and Triton cache directories (cold), except
 `eager-warm`, which reuses the Triton cache of the `eager` run before it (Triton's own disk cache, as a
-second start on one machine has it). A run times: the imports, `Engine.from_dir`, `EngineRunner` (weights
+second start on one machine has it). A run times: the imports, `Engine.from_dir`, `LLMEngine` (weights
 to the device, the programs), the first generate (2 prompts, 3 tokens: compiles everything a first
 request needs) and a second, warm generate; and counts Inductor's FX graph cache hits and misses.
 `compile-cold` loads the engine with its cache artifacts dropped; `compile-cached` with them
-(`torch.compiler.load_cache_artifacts`, builder/runner.py). Every mode gives the same tokens; the table
+(`torch.compiler.load_cache_artifacts`, runtime/programs.py). Every mode gives the same tokens; the table
 says so. A figure, not a test.
 """
 
@@ -32,7 +32,8 @@ def child(engine_dir: str, mode: str) -> dict:
     import torch
     from torch._dynamo.utils import counters
 
-    from builder import Engine, EngineRunner, Prompt
+    from builder import Engine
+    from runtime import LLMEngine, PromptInput, SamplingParams
 
     out = {"mode": mode, "imports_s": time.perf_counter() - t0}
     t = time.perf_counter()
@@ -42,16 +43,22 @@ def child(engine_dir: str, mode: str) -> dict:
     if mode == "compile-cold":
         engine.compile_cache = None
     t = time.perf_counter()
-    runner = EngineRunner(engine, compile=compile)
+    eng = LLMEngine(engine, cuda_graphs=False, overlap=False, compile=compile)
     out["runner_s"] = time.perf_counter() - t
-    prompts = [Prompt(torch.arange(1, 20)), Prompt(torch.arange(1, 7))]
+    prompts = [torch.arange(1, 20), torch.arange(1, 7)]
+    calls = iter(range(10))
 
     def generate():
-        t = time.perf_counter()
-        tokens = runner.generate(prompts, 3)
-        if runner.device.type == "cuda":
+        t, n = time.perf_counter(), next(calls)
+        for i, ids in enumerate(prompts):
+            eng.add_request(f"{n}-{i}", PromptInput(ids), SamplingParams(max_tokens=3, ignore_eos=True))
+        tokens: dict[str, list[int]] = {}
+        while eng.has_unfinished():
+            for d in eng.step():
+                tokens.setdefault(d.request_id, []).extend(d.token_ids)
+        if eng.runner.device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - t, [list(map(int, x)) for x in tokens]
+        return time.perf_counter() - t, [tokens[f"{n}-{i}"] for i in range(len(prompts))]
 
     out["first_generate_s"], out["tokens"] = generate()
     out["warm_generate_s"], _ = generate()

@@ -1,9 +1,8 @@
-"""checkpoint -> engine: BuildConfig, PluginConfig, build(), Engine.save / Engine.from_dir, a minimal runner."""
+"""checkpoint -> engine: BuildConfig, PluginConfig, build(), Engine.save / Engine.from_dir."""
 
 from .build import build
 from .config import BuildConfig, BuildError, PluginConfig
 from .engine import ENGINE_FORMAT_VERSION, Engine, EngineError
-from .runner import EngineRunner, Prompt
 
 __all__ = [
     "ENGINE_FORMAT_VERSION",
@@ -11,8 +10,6 @@ __all__ = [
     "BuildError",
     "Engine",
     "EngineError",
-    "EngineRunner",
     "PluginConfig",
-    "Prompt",
     "build",
 ]

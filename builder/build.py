@@ -194,22 +194,25 @@ def _draft_vocab(
 
 
 def compile_step(engine: Engine) -> bytes | None:
-    """torch.compile the step program on a prefill and a decode step (the shapes a runtime meets first)
+    """torch.compile the step program on example inputs of the shapes a runtime meets first (a prefill
+    of one and of two sequences, a decode step of one and of two; sizes 1 specialise the compiled code)
     and return the compiler's cache artifacts, which the engine carries to every load."""
-    import dataclasses
     import io
 
-    from .runner import EngineRunner, Prompt
-
+    bc, config = engine.build_config, engine.model_config
+    device, dtype = torch.device(bc.device), getattr(torch, bc.dtype)
     # Compile the program as a load will see it (after save and load), so the cache keys match.
     buf = io.BytesIO()
     torch.export.save(engine.programs["step"], buf)
     buf.seek(0)
-    reloaded = dataclasses.replace(engine, programs={**engine.programs, "step": torch.export.load(buf)})
-    runner = EngineRunner(reloaded, compile=True)
-    prompts = [Prompt(torch.arange(1, 20)), Prompt(torch.arange(1, 7))]
-    runner.generate(prompts, 3)
-    runner.generate(prompts[:1], 2)
+    step = torch.compile(torch.export.load(buf).module(), dynamic=True)
+    # Sorted: the runtime hands the compiled graph its weights sorted by name (runtime/model_runner.py).
+    weights = {k: engine.weights[k].to(device) for k in sorted(engine.weights) if not k.startswith("mtp.")}
+    prefill = max(2, min(19, bc.max_num_tokens // 2, bc.max_seq_len))
+    with torch.no_grad():
+        for num_seqs, q in ((2, prefill), (2, 1), (1, prefill), (1, 1)):
+            example = step_example(config, bc, device, dtype, num_seqs=num_seqs, q=q)
+            step(weights, *example.values())
     artifacts = torch.compiler.save_cache_artifacts()
     return None if artifacts is None else artifacts[0]
 
@@ -311,35 +314,52 @@ def step_example(
     dtype,
     num_blocks: int = 8,
     tp: TensorParallel | None = None,
-):
-    """Example inputs for export: 2 sequences of 3 and 2 new tokens (sizes > 1 so nothing specialises);
-    caches and sconv states of one rank's size under tensor parallelism. q_bound's length is the longest
-    sequence's new tokens (docs/interfaces.md "Step inputs")."""
+    num_seqs: int | None = None,
+    q: int | None = None,
+) -> dict[str, object]:
+    """Example inputs of the step program, by argument name. Default (export): 2 sequences of 3 and 2 new
+    tokens with media rows (sizes > 1 so nothing specialises), the last row of each wanted. With num_seqs
+    and q: that many sequences of q new tokens each and no media, as a runtime's prefill (q > 1) or decode
+    step (q = 1) would be. Caches and sconv states of one rank's size under tensor parallelism; q_bound's
+    length is the longest sequence's new tokens (docs/interfaces.md "The step program")."""
     tp = tp or TensorParallel(config)
     layout = CacheLayout.of(config)
-    T, B, MB = 5, 2, bc.max_blocks_per_seq
+    MB = bc.max_blocks_per_seq
     S = config.sconv_kernel_size - 1 + bc.max_draft_len
-    slots = bc.max_batch_size
     i32 = dict(dtype=torch.int32, device=device)
-    conv = [torch.zeros(slots, S, C, dtype=dtype, device=device) for C in tp.conv_channels()]
-    kv_shape = (num_blocks, bc.tokens_per_block, tp.num_kv_heads, config.head_dim)
+    q_lens = [3, 2] if num_seqs is None else [q] * num_seqs
+    B, T = len(q_lens), sum(q_lens)
+    bs = bc.tokens_per_block
+    per_seq = -(-max(q_lens) // bs)  # blocks each sequence needs
     block_tables = torch.zeros(layout.num_groups, B, MB, **i32)
-    block_tables[:, 1, 0] = 1
+    for b in range(B):
+        block_tables[:, b, :per_seq] = torch.arange(b * per_seq, (b + 1) * per_seq, **i32)
+    num_blocks = max(num_blocks, B * per_seq)
+    slots = torch.cat([b * per_seq * bs + torch.arange(n) for b, n in enumerate(q_lens)]).to(device)
+    cu = torch.tensor([0, *q_lens], **i32).cumsum(0, dtype=torch.int32)
+    if num_seqs is None:
+        mm_embeds = torch.zeros(3, config.hidden_size, dtype=dtype, device=device)
+        mm_positions = torch.tensor([1, 2, T], device=device)
+    else:
+        mm_embeds = torch.zeros(1, config.hidden_size, dtype=dtype, device=device)
+        mm_positions = torch.tensor([T], device=device)
+    conv = [torch.zeros(bc.max_batch_size, S, C, dtype=dtype, device=device) for C in tp.conv_channels()]
+    kv_shape = (num_blocks, bs, tp.num_kv_heads, config.head_dim)
     return dict(
-        input_ids=torch.tensor([1, 2, 3, 4, 5], device=device),
-        mm_embeds=torch.zeros(3, config.hidden_size, dtype=dtype, device=device),
-        mm_positions=torch.tensor([1, 2, T], device=device),
-        cu_seqlens_q=torch.tensor([0, 3, 5], **i32),
-        seq_lens=torch.tensor([3, 2], **i32),
+        input_ids=torch.arange(1, T + 1, device=device),
+        mm_embeds=mm_embeds,
+        mm_positions=mm_positions,
+        cu_seqlens_q=cu,
+        seq_lens=torch.tensor(q_lens, **i32),
         block_tables=block_tables,
-        slot_mappings=torch.tensor([0, 1, 2, 16, 17], device=device).repeat(layout.num_groups, 1),
-        state_indices=torch.tensor([0, 1], **i32),
-        logits_indices=torch.tensor([2, 4], device=device),
-        q_bound=torch.zeros(3, dtype=torch.int8, device=device),
+        slot_mappings=slots.repeat(layout.num_groups, 1),
+        state_indices=torch.arange(B, **i32),
+        logits_indices=(cu[1:] - 1).long(),
+        q_bound=torch.zeros(max(q_lens), dtype=torch.int8, device=device),
         key_caches=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(layout.pool_size)],
         value_caches=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(layout.pool_size)],
         conv_states=conv,
-    ), (T, B)
+    )
 
 
 def program_batch(bc: BuildConfig) -> int:
@@ -351,7 +371,7 @@ def program_batch(bc: BuildConfig) -> int:
 def export_step(
     config, bc, impls, weights, device, dtype, moe_tiles: str = "", tp: TensorParallel | None = None
 ) -> torch.export.ExportedProgram:
-    example, _ = step_example(config, bc, device, dtype, tp=tp)
+    example = step_example(config, bc, device, dtype, tp=tp)
     T = Dim("num_tokens", min=1, max=bc.max_num_tokens)
     B = Dim("batch", min=1, max=program_batch(bc))
     N = Dim("num_logits", min=1, max=bc.max_num_tokens)
@@ -402,7 +422,8 @@ def export_head(
 
     tp = tp or TensorParallel(config)
     w = head_weights(weights, 1)
-    step, (T, B) = step_example(config, bc, device, dtype, tp=tp)
+    step = step_example(config, bc, device, dtype, tp=tp)
+    T = step["input_ids"].shape[0]
     S = config.sconv_kernel_size - 1 + bc.max_draft_len
     H = config.hidden_size
     conv = [

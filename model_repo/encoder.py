@@ -13,9 +13,9 @@ import torch
 from torch.export.passes import move_to_device_pass
 
 import plugins  # noqa: F401  (the programs may call torch.ops.inkling.*)
-from builder.encoder_graphs import GraphedEncoder
 from builder.engine import read_engine_config
 from model_repo.tensors import RequestError, error, load_model_config, parameter, require, tensor
+from runtime.encoder_graphs import GraphedEncoder
 
 
 class EncoderModel:

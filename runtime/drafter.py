@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
 
+from builder.config import BuildConfig
+from inkling.config import InklingConfig
+
 from .block_manager import FREED
+from .device_state import DeviceState
 from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
 from .sequence import Sequence
 from .step_graphs import on_device
-
-if TYPE_CHECKING:
-    from .model_runner import ModelRunner
 
 HIDDEN_RING = 16  # positions of h^0..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
 
@@ -87,31 +88,48 @@ class SeqView:
         return self.tokens[start - self.base : end - self.base]
 
 
-class Drafter:
-    """The MTP heads' rounds over a ModelRunner's heads."""
+@dataclass
+class Heads:
+    """What the drafter runs: the head program (one for every head), each head's weights and the draft
+    pick's lm_head, on the device whose state (runtime/device_state.py) holds the heads' KV and sconv
+    states."""
 
-    def __init__(self, runner: ModelRunner):
-        self.runner = runner
-        self.device, self.dtype, self.config = runner.device, runner.dtype, runner.config
-        self.num_heads = runner.num_heads
-        slots, H = runner.build.max_batch_size, self.config.hidden_size
+    program: Any
+    weights: list[dict[str, torch.Tensor]]
+    lm_head: torch.Tensor
+    state: DeviceState
+    num_real_tokens: int  # rows of lm_head a draft may pick (its tokenizer's)
+    splice_row: torch.Tensor  # the media splice's dummy row [1, H]
+
+
+class Drafter:
+    """The MTP heads' rounds. Their CUDA graphs (`head_graphs`, `draft_graphs`: StepGraphs of the head
+    program alone and of `head_and_pick`) are set by whoever captures them (ModelRunner); None runs eager."""
+
+    def __init__(self, heads: Heads, config: InklingConfig, build: BuildConfig, engine_config: dict):
+        self.heads = heads
+        self.device, self.dtype, self.config = heads.splice_row.device, heads.splice_row.dtype, config
+        self.num_heads = len(heads.weights)
+        self.block_size, self.max_blocks_per_seq = build.tokens_per_block, build.max_blocks_per_seq
+        self.head_graphs = self.draft_graphs = None
+        slots, H = build.max_batch_size, self.config.hidden_size
         levels = max(self.num_heads, 1)
         self.hidden_ring = torch.zeros(levels, slots, HIDDEN_RING, H, dtype=self.dtype, device=self.device)
         # each (level, slot)'s ring as a view made once: a write or read is then one slice, not three
         self.rings = [list(self.hidden_ring[level].unbind(0)) for level in range(levels)]
         self.ring_end = [[0] * slots for _ in range(levels)]
-        self.draft_impl = runner.engine.config["plugin_config"]["impls"].get("mtp_draft", "reference")
+        self.draft_impl = engine_config["plugin_config"]["impls"].get("mtp_draft", "reference")
         # The draft pick's lm_head: every real row, or the rows of the engine's draft vocabulary (its own
         # copy, so a pick reads only those) and the ids they stand for.
-        vocab = runner.engine.config.get("draft_vocab") if self.num_heads else None
-        lm_head = runner.lm_head
+        vocab = engine_config.get("draft_vocab") if self.num_heads else None
+        lm_head = heads.lm_head
         self.draft_ids = None if vocab is None else torch.tensor(vocab, dtype=torch.long, device=self.device)
         self.draft_lm_head = lm_head if vocab is None else lm_head[self.draft_ids]
-        self.num_draft_rows = runner.num_real_tokens if vocab is None else len(vocab)
+        self.num_draft_rows = heads.num_real_tokens if vocab is None else len(vocab)
         # A round's drafts, on the device: work item i's draft d at i * draft_stride + d. The head passes'
         # graphs read earlier drafts from here (input ids standing for unknown tokens) and write their picks
         # here; the last element takes the picks of rows that do not draft (padding, non-drafting items).
-        self.draft_stride = max(runner.build.max_draft_len, 1)
+        self.draft_stride = max(build.max_draft_len, 1)
         self.drafted = torch.zeros(slots * self.draft_stride + 1, dtype=torch.long, device=self.device)
 
     @torch.no_grad()
@@ -172,14 +190,14 @@ class Drafter:
     def _head_pass(self, m: int, args: list, drafting: bool) -> torch.Tensor:
         """Head m over `args` (`_head_args`): its rows [T, H]. A drafting pass also fills the ids that stand
         for earlier drafts and writes its picks into `drafted` (`head_and_pick`), all in one CUDA graph
-        (runner.draft_graphs) where there are graphs: the host launches nothing else for it. Without
+        (draft_graphs) where there are graphs: the host launches nothing else for it. Without
         draft graphs (bench.e2e --eager_pick) the head's graph runs between the two, launched apart."""
         # The rows stay in the graph's output buffer (copy=False): this round reads them before head m
         # replays again (run: the ring and head m + 1 copy them).
-        if drafting and self.runner.draft_graphs is not None:
-            return self.runner.draft_graphs(args, variant=m, copy=False)[0]
+        if drafting and self.draft_graphs is not None:
+            return self.draft_graphs(args, variant=m, copy=False)[0]
         n = len(args) - 4 if drafting else len(args)  # HeadProgram's arguments, then HEAD_PICK_ARGS' four
-        graphs = self.runner.head_graphs
+        graphs = self.head_graphs
         # The graphs stage the ragged arguments from the host themselves (cu_seqlens and seq_lens must stay
         # there); the program without graphs takes them on the device.
         head_args = list(args[:n]) if graphs is not None else [on_device(a, self.device) for a in args[:n]]
@@ -189,20 +207,20 @@ class Drafter:
         out = (
             graphs(head_args, variant=m, copy=False)[0]
             if graphs is not None
-            else self.runner.head(*head_args)
+            else self.heads.program(*head_args)
         )
         if drafting:
             self._store_picks(head_args[0], out, pick_rows, pick_dst, drafted)
         return out
 
     def head_and_pick(self, *args) -> torch.Tensor:
-        """A drafting head pass (what runner.draft_graphs captures; arguments as HEAD_PICK_ARGS): the input
+        """A drafting head pass (what draft_graphs captures; arguments as HEAD_PICK_ARGS): the input
         ids at rows with hole_src >= 0 are `drafted[hole_src]` (drafts of earlier heads), HeadProgram runs,
         and the draft picked from each sequence's row pick_rows[b] goes to drafted[pick_dst[b]] (pick_dst
         < 0: the buffer's last element, a sink). Returns the head's rows [T, H]."""
         *head_args, pick_rows, pick_dst, hole_src, drafted = args
         head_args[2] = self._fill_holes(head_args[2], hole_src, drafted)
-        out = self.runner.head(*head_args)
+        out = self.heads.program(*head_args)
         self._store_picks(head_args[0], out, pick_rows, pick_dst, drafted)
         return out
 
@@ -237,13 +255,13 @@ class Drafter:
         unknown tokens 0; for a drafting pass (`drafting`: the items that draft) then HEAD_PICK_ARGS' four:
         each item's last row and where its draft goes in `drafted` (-1: it does not draft), each row's
         draft to read in place of its id (-1: the id is known), and `drafted`."""
-        bs, stride = self.runner.block_size, self.draft_stride
+        bs, stride = self.block_size, self.draft_stride
         lens = np.array([end - start for _, start, end in items], dtype=np.int64)
         cu = cu_seqlens(lens)
         T = int(cu[-1])
         ids = np.zeros(T, dtype=np.int64)
         hole_src = np.full(T, -1, dtype=np.int64)
-        table = np.full((len(items), self.runner.build.max_blocks_per_seq), FREED, dtype=np.int32)
+        table = np.full((len(items), self.max_blocks_per_seq), FREED, dtype=np.int32)
         slots = np.empty(T, dtype=np.int64)
         h_prev, mm_rows, mm_pos = [], [], []
         for j, (i, start, end) in enumerate(items):
@@ -260,11 +278,11 @@ class Drafter:
             blocks = seq.blocks.tables[0]
             table[j, : len(blocks)] = blocks
             slots[lo : lo + end - start] = slot_mapping(table[j], np.arange(start, end), bs)
-        mm_embeds, mm_positions = media_splice(mm_rows, mm_pos, self.runner.splice_row, T)
+        mm_embeds, mm_positions = media_splice(mm_rows, mm_pos, self.heads.splice_row, T)
         # The host arguments as NumPy arrays: the graphs stage them as they are, and only a call without
         # graphs makes tensors of them (step_graphs.on_device).
         args = [
-            self.runner.head_weights[m - 1],
+            self.heads.weights[m - 1],
             h_prev[0] if len(h_prev) == 1 else torch.cat(h_prev),
             ids,
             mm_embeds,
@@ -275,9 +293,9 @@ class Drafter:
             slots,
             np.array([work[i].seq.slot for i, _, _ in items], dtype=np.int32),
             np.zeros(int(lens.max()), dtype=np.int8),
-            self.runner.head_key_caches[m - 1],
-            self.runner.head_value_caches[m - 1],
-            self.runner.head_conv_states[m - 1],
+            self.heads.state.head_key_caches[m - 1],
+            self.heads.state.head_value_caches[m - 1],
+            self.heads.state.head_conv_states[m - 1],
         ]
         if drafting:
             dst = np.full(len(items), -1, dtype=np.int64)

@@ -64,14 +64,16 @@ class LLMEngine:
         cuda_graphs: bool | None = None,
         pad_eager: bool = False,
         overlap: bool | None = None,
+        compile: bool | None = None,
     ):
         """workers: the other ranks of a tensor-parallel engine (runtime/distributed.py; LLM starts them).
         cuda_graphs: decode/verify steps and MTP head passes replay CUDA graphs per batch bucket (CUDA
         engines with the Triton plugins; None: on for one such rank, runtime.model_runner.default_cuda_graphs).
         pad_eager (tests): the same padding to the buckets, run eager (runtime/step_graphs.py).
         overlap: launch the next decode step before the host has the current one's tokens, where that
-        step is certain (see `step`); None: on for a one-rank CUDA engine (tensor-parallel: opt in)."""
-        self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager)
+        step is certain (see `step`); None: on for a one-rank CUDA engine (tensor-parallel: opt in).
+        compile: torch.compile the programs (None: as the engine was built)."""
+        self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager, compile)
         # Tensor-parallel ranks opt in (the picks reach the other ranks by a broadcast) until that path has
         # run on GPUs.
         self.overlap = self.runner.device.type == "cuda" and workers is None if overlap is None else overlap

@@ -19,14 +19,17 @@ import torch
 import torch.distributed as dist
 
 import plugins  # noqa: F401  (the programs call torch.ops.inkling.*)
+from builder.build import head_weights
 from builder.engine import Engine
-from builder.runner import EngineRunner
+from builder.sharding import DRAFT_LM_HEAD, TensorParallel
 from inkling.processing import image_patches
 
 from .block_manager import FREED
+from .device_state import DeviceState
 from .distributed import Workers
-from .drafter import Drafter, HeadWork
+from .drafter import Drafter, Heads, HeadWork
 from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
+from .programs import Programs
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .step_graphs import (
@@ -39,8 +42,6 @@ from .step_graphs import (
     q_buckets,
     token_buckets,
 )
-
-MAX_SNAPSHOTS = 1024  # sconv snapshot slots of prefix-cache restore points
 
 
 @dataclass
@@ -81,9 +82,9 @@ def default_cuda_graphs(device: torch.device, impls: dict, tp_size: int) -> bool
     return device.type == "cuda" and tp_size == 1 and all(impls.get(op) == "triton" for op in GRAPH_OPS)
 
 
-class ModelRunner(EngineRunner):
-    """EngineRunner's programs and caches, stepped from the scheduler's batches, plus the sconv
-    snapshots of prefix-cache restore points."""
+class ModelRunner:
+    """The engine's programs, weights and device state (runtime/device_state.py) on one device, stepped
+    from the scheduler's batches."""
 
     def __init__(
         self,
@@ -93,27 +94,59 @@ class ModelRunner(EngineRunner):
         workers: Workers | None = None,
         cuda_graphs: bool | None = None,
         pad_eager: bool = False,
+        compile: bool | None = None,
     ):
         """workers: on rank 0 of a tensor-parallel engine, the other ranks (they mirror its calls).
         cuda_graphs: replay decode/verify steps and MTP head passes from CUDA graphs per (batch, tokens)
-        bucket (runtime/step_graphs.py); None: default_cuda_graphs decides. pad_eager (tests): pad them to the buckets but run eager."""
+        bucket (runtime/step_graphs.py); None: default_cuda_graphs decides. pad_eager (tests): pad them to
+        the buckets but run eager. compile: torch.compile the programs (None: as the engine was built)."""
         if engine.tp_size > 1 and engine.rank == 0 and workers is None:
             raise ValueError(
                 f"this engine is tensor-parallel (tp_size {engine.tp_size}): run it with LLM(engine_dir), "
                 "which starts its ranks"
             )
-        super().__init__(engine, num_blocks, device)
+        self.engine = engine
+        self.config = c = engine.model_config
+        self.build = bc = engine.build_config
+        self.layout = engine.config["cache_layout"]
+        self.device = torch.device(device or engine.device)
+        self.dtype = getattr(torch, engine.config["dtype"])
         self.workers = workers
-        self.block_size = self.build.tokens_per_block
-        self.K1 = self.config.sconv_kernel_size - 1
-        # The last K-1 sconv inputs at prefix-cache restore points. Each slot holds K-1 rows of every
-        # site (on inkling-1t about 2.8 MB), so their number is capped, not one per block.
-        self.num_snapshots = min(self.num_blocks, MAX_SNAPSHOTS)
-        self.snapshots = [
-            torch.zeros(self.num_snapshots, self.K1, C, dtype=self.dtype, device=self.device)
-            for C in self.conv_channels()
-        ]
-        self.num_real_tokens = self.engine_vocab()
+        self.tp = TensorParallel(c, engine.tp_size)
+        self.block_size = bc.tokens_per_block
+        self.K1 = c.sconv_kernel_size - 1
+        self.state_rows = self.K1 + bc.max_draft_len
+        self.num_groups = len(self.layout["group_windows"])
+        self.num_blocks = num_blocks or self.num_groups * bc.max_batch_size * bc.max_blocks_per_seq
+        # Sorted: torch.compile's graph takes the weights in the dict's order, and its compiler cache keys
+        # on that order, so the build (weights in memory) and a load (safetensors' order) must agree.
+        weights = {k: engine.weights[k].to(self.device) for k in sorted(engine.weights)}
+        self.weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
+        # Drafts never exceed max_draft_len (LLMEngine), so heads past it would hold KV nobody reads: at
+        # inkling-bench's batch 64 each head's KV is 13.5 GiB, and all 8 did not fit beside the weights.
+        has_heads = "mtp_head" in engine.programs
+        self.num_heads = min(c.num_mtp_heads, bc.max_draft_len) if has_heads else 0
+        self.head_weights = [head_weights(weights, m) for m in range(1, self.num_heads + 1)]
+        # The draft pick's lm_head: the whole one (tensor-parallel ranks keep it beside their vocabulary
+        # slice, builder/sharding.py).
+        self.lm_head = weights.get(DRAFT_LM_HEAD, self.weights["lm_head.weight"])
+        programs = Programs.load(engine, self.device, self.dtype, bool(self.num_heads), compile)
+        self.step, self.head, self.vision, self.audio = (
+            programs.step,
+            programs.head,
+            programs.vision,
+            programs.audio,
+        )
+        self.compiled = programs.compiled
+        self.state = DeviceState.allocate(
+            c, bc, self.layout["pool_size"], self.tp, self.num_blocks, self.num_heads, self.device, self.dtype
+        )
+        st = self.state
+        self.key_caches, self.value_caches, self.conv_states = st.key_caches, st.value_caches, st.conv_states
+        self.head_key_caches, self.head_value_caches = st.head_key_caches, st.head_value_caches
+        self.head_conv_states, self.snapshots = st.head_conv_states, st.snapshots
+        self.num_snapshots = st.num_snapshots
+        self.num_real_tokens = engine_vocab(engine)
         self._shift_cache: dict[tuple[int, int, int], tuple[list, list]] = {}  # see _shift_views
         # Rollbacks not yet applied (rollback(defer=True)): sconv rows to shift, and the (head, slot) pairs
         # they are of. Every method that reads or writes sconv states applies them first.
@@ -121,8 +154,9 @@ class ModelRunner(EngineRunner):
         self._pending_keys: set[tuple[int, int]] = set()
         self.last_hidden: torch.Tensor | None = None  # a worker's last step hidden states (see execute)
         # The media splice's dummy row of every step and head pass (no program writes it).
-        self.splice_row = torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=self.device)
-        self.drafter = Drafter(self)
+        self.splice_row = torch.zeros(1, c.hidden_size, dtype=self.dtype, device=self.device)
+        heads = Heads(self.head, self.head_weights, self.lm_head, st, self.num_real_tokens, self.splice_row)
+        self.drafter = Drafter(heads, c, bc, engine.config)
         self._init_graphs(cuda_graphs, pad_eager)
 
     def _init_graphs(self, cuda_graphs: bool | None, pad_eager: bool) -> None:
@@ -154,6 +188,7 @@ class ModelRunner(EngineRunner):
         if self.head is not None:
             self.head_graphs = graphs("mtp_head", self.head, HEAD_ARGS)
             self.draft_graphs = graphs("mtp_head", self.drafter.head_and_pick, HEAD_PICK_ARGS)
+            self.drafter.head_graphs, self.drafter.draft_graphs = self.head_graphs, self.draft_graphs
 
     def drop_graphs(self) -> None:
         """Destroy the captured graphs, before this rank leaves its process groups: on 2xH200 both ranks of
@@ -162,6 +197,7 @@ class ModelRunner(EngineRunner):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.step_graphs = self.head_graphs = self.draft_graphs = None
+        self.drafter.head_graphs = self.drafter.draft_graphs = None
         gc.collect()
 
     def graph_stats(self) -> dict[str, int]:
@@ -314,11 +350,7 @@ class ModelRunner(EngineRunner):
     def reset_slot(self, slot: int) -> None:
         self._mirror("reset_slot", slot)
         self._apply_shifts()
-        for t in self.conv_states:
-            t[slot].zero_()
-        for states in self.head_conv_states:
-            for t in states:
-                t[slot].zero_()
+        self.state.reset_slot(slot)
 
     def save_snapshot(self, slot: int, snapshot: int, back: int) -> None:
         """Keep the sconv inputs before position (computed - back) of the sequence in `slot`."""
@@ -446,3 +478,13 @@ class ModelRunner(EngineRunner):
         for w in work:
             w.fresh_rows = self.last_hidden[w.fresh_offset : w.fresh_offset + w.computed - w.fresh_start]
         self.drafter.run(work)
+
+
+def engine_vocab(engine: Engine) -> int:
+    """Tokens the engine can emit: its tokenizer's (padded vocabulary rows are never sampled), else the
+    model's vocabulary."""
+    if engine.tokenizer_json is None:
+        return engine.model_config.vocab_size
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(engine.tokenizer_json).get_vocab_size(with_added_tokens=True)

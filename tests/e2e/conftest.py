@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from builder import BuildConfig, Prompt, build
+from builder import BuildConfig, build
 from inkling.demo import demo_png, demo_wav
 from inkling.model import InklingReference
 from inkling.processing import Processor
 from inkling.tokenizer import load_tokenizer
+
+from ..engine_runner import Prompt
 
 SMALL = dict(max_batch_size=4, max_seq_len=256, max_input_len=256, max_num_tokens=512)
 

@@ -11,8 +11,9 @@ import sys
 import pytest
 import torch
 
-from builder import ENGINE_FORMAT_VERSION, BuildConfig, Engine, EngineError, EngineRunner, Prompt, build
+from builder import ENGINE_FORMAT_VERSION, BuildConfig, Engine, EngineError, build
 
+from ..engine_runner import EngineRunner, Prompt
 from ..hooks import override_drafts
 from .conftest import SMALL
 
@@ -54,7 +55,7 @@ def test_engine_reloaded_in_a_fresh_process_gives_the_same_logits(engine_f32, pr
     engine, path = engine_f32
     _, logits = EngineRunner(engine).generate(prompts[:2], 2, return_logits=True)
     script = (
-        "import sys, torch; from builder import Engine, EngineRunner, Prompt\n"
+        "import sys, torch; from builder import Engine; from tests.engine_runner import EngineRunner, Prompt\n"
         "ids = torch.load(sys.argv[2])\n"
         "_, logits = EngineRunner(Engine.from_dir(sys.argv[1])).generate([Prompt(i) for i in ids], 2, return_logits=True)\n"
         "torch.save(logits, sys.argv[3])\n"

@@ -167,7 +167,7 @@ def test_functional_program_matches_in_place_program(engine_bf16):
 
     program = engine_bf16.programs["step"]
     functional = functionalize(program)
-    example, _ = step_example(engine_bf16.model_config, engine_bf16.build_config, "cpu", torch.bfloat16)
+    example = step_example(engine_bf16.model_config, engine_bf16.build_config, "cpu", torch.bfloat16)
     g = torch.Generator().manual_seed(0)
     example["input_ids"] = torch.randint(11, 1000, (5,), generator=g)
     example["conv_states"] = [torch.randn(s.shape, generator=g).to(s.dtype) for s in example["conv_states"]]

@@ -9,10 +9,11 @@ import time
 import pytest
 import torch
 
-from builder import BuildConfig, Engine, EngineRunner, PluginConfig, Prompt, build
+from builder import BuildConfig, Engine, PluginConfig, build
 from inkling.model import InklingReference
 from runtime import LLM, PromptInput, SamplingParams
 
+from ..engine_runner import EngineRunner, Prompt
 from ..hooks import override_drafts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -86,7 +87,7 @@ def test_cuda_engine_matches_reference(
     assert [o.token_ids for o in outs] == out
     # A fresh process loads the saved engine (Triton's disk cache now warm).
     code = (
-        "import time,sys; t=time.perf_counter(); from builder import Engine, EngineRunner, Prompt; import torch\n"
+        "import time,sys; t=time.perf_counter(); from builder import Engine; from tests.engine_runner import EngineRunner, Prompt; import torch\n"
         "e=Engine.from_dir(sys.argv[1]); r=EngineRunner(e); l=time.perf_counter()-t\n"
         "r.generate([Prompt(torch.arange(11, 40))], 2); print(f'fresh process: load {l:.2f} s, first generate {time.perf_counter()-t-l:.2f} s')"
     )
@@ -262,7 +263,7 @@ def test_sampling_and_logprobs_on_the_gpu_overlap(tiny_nvfp4_ckpt_dir):
 
 
 def test_moved_program_keeps_its_dynamic_batch(tiny_nvfp4_ckpt_dir, tmp_path):
-    """A tensor-parallel rank runs the program exported on cuda:0 on its own GPU (builder.runner.retarget).
+    """A tensor-parallel rank runs the program exported on cuda:0 on its own GPU (runtime.programs.retarget).
     Moved (here to the same GPU, through the same rewrite), an engine built for one sequence, saved and
     loaded, still takes a batch of one: its export example had two sequences. Also prints what
     torch.export.passes.move_to_device_pass gives in its place (rank 1 of a tp 2 engine so moved failed
@@ -271,7 +272,7 @@ def test_moved_program_keeps_its_dynamic_batch(tiny_nvfp4_ckpt_dir, tmp_path):
 
     from torch.export.passes import move_to_device_pass
 
-    from builder.runner import retarget
+    from runtime.programs import retarget
 
     bc = BuildConfig(
         dtype="bfloat16", plugin_config=PluginConfig(tune=False), **{**SMALL, "max_batch_size": 1}

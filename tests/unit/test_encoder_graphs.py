@@ -1,4 +1,4 @@
-"""GraphedEncoder (builder/encoder_graphs.py): bucketed runs give the encoder programs' outputs.
+"""GraphedEncoder (runtime/encoder_graphs.py): bucketed runs give the encoder programs' outputs.
 
 On the CPU, `pad_eager` runs the padding and slicing without graphs; the `gpu` test replays graphs.
 Padding is exact in math (each output row depends on its own patch or frames); a GEMM over more
@@ -12,8 +12,8 @@ import torch
 
 from builder.build import export_encoders
 from builder.config import BuildConfig
-from builder.encoder_graphs import GraphedEncoder
 from inkling.synth import iter_synthetic_tensors, synth_config
+from runtime.encoder_graphs import GraphedEncoder
 
 HAS_CUDA = torch.cuda.is_available()
 BUILD = BuildConfig(max_batch_size=4, max_seq_len=256, max_input_len=256, max_num_tokens=512)

@@ -1,11 +1,11 @@
-"""builder.runner.retarget: an exported program's device moved where it runs (tensor-parallel ranks run
+"""runtime.programs.retarget: an exported program's device moved where it runs (tensor-parallel ranks run
 a program exported on cuda:0 on their own GPU). On the CPU the move goes to the meta device: every node
 that names a device must name the new one, and the dynamic batch must stay dynamic."""
 
 import torch
 from torch.export import Dim
 
-from builder.runner import retarget
+from runtime.programs import retarget
 
 
 class Program(torch.nn.Module):

@@ -1,0 +1,89 @@
+"""The runtime's device state besides the weights: the KV pool, the sconv states of the running
+sequences, the MTP heads' KV and sconv states, and the sconv snapshots of prefix-cache restore points
+(docs/interfaces.md "KV cache", "Sconv state", "MTP heads"). Sized by the engine's build config and the
+pool's block count; under tensor parallelism, the rank's slices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from builder.build import head_conv_channels
+from builder.config import BuildConfig
+from builder.sharding import TensorParallel
+from inkling.config import InklingConfig
+
+MAX_SNAPSHOTS = 1024  # sconv snapshot slots of prefix-cache restore points
+
+
+@dataclass
+class DeviceState:
+    key_caches: list[torch.Tensor]  # per pool slot: [num_blocks, block_size, Hkv, D]
+    value_caches: list[torch.Tensor]
+    conv_states: list[torch.Tensor]  # per layer and site (k, v, o, m): [max_batch_size, S, C]
+    head_key_caches: list[torch.Tensor]  # per MTP head: the pool's shape
+    head_value_caches: list[torch.Tensor]
+    head_conv_states: list[list[torch.Tensor]]  # per MTP head, sites k, v, o: [max_batch_size, S, C]
+    snapshots: list[torch.Tensor]  # per conv state: [num_snapshots, K - 1, C]
+
+    @classmethod
+    def allocate(
+        cls,
+        config: InklingConfig,
+        build: BuildConfig,
+        pool_size: int,
+        tp: TensorParallel,
+        num_blocks: int,
+        num_heads: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> DeviceState:
+        """Zeroed tensors; S = K - 1 + max_draft_len rows of sconv history (a rollback's margin), and
+        min(num_blocks, MAX_SNAPSHOTS) snapshot slots: each holds K - 1 rows of every site (on inkling-1t
+        about 2.8 MB), so their number is capped, not one per block."""
+
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        kv = (num_blocks, build.tokens_per_block, tp.num_kv_heads, config.head_dim)
+        rows, slots = config.sconv_kernel_size - 1 + build.max_draft_len, build.max_batch_size
+        channels = tp.conv_channels()
+        return cls(
+            key_caches=[zeros(*kv) for _ in range(pool_size)],
+            value_caches=[zeros(*kv) for _ in range(pool_size)],
+            conv_states=[zeros(slots, rows, C) for C in channels],
+            head_key_caches=[zeros(*kv) for _ in range(num_heads)],
+            head_value_caches=[zeros(*kv) for _ in range(num_heads)],
+            head_conv_states=[
+                [zeros(slots, rows, C) for C in head_conv_channels(config, tp)] for _ in range(num_heads)
+            ],
+            snapshots=[
+                zeros(min(num_blocks, MAX_SNAPSHOTS), config.sconv_kernel_size - 1, C) for C in channels
+            ],
+        )
+
+    @property
+    def num_snapshots(self) -> int:
+        return self.snapshots[0].shape[0] if self.snapshots else 0
+
+    def reset_slot(self, slot: int) -> None:
+        """Zero a sequence's sconv states, the main model's and its heads' (x[t<0] = 0)."""
+        for t in self.conv_states:
+            t[slot].zero_()
+        for states in self.head_conv_states:
+            for t in states:
+                t[slot].zero_()
+
+    def nbytes(self) -> dict[str, int]:
+        def size(ts) -> int:
+            return sum(t.numel() * t.element_size() for t in ts)
+
+        return {
+            "kv_cache_bytes": size(self.key_caches) + size(self.value_caches),
+            "conv_state_bytes": size(self.conv_states),
+            "head_state_bytes": size(self.head_key_caches)
+            + size(self.head_value_caches)
+            + size(t for s in self.head_conv_states for t in s),
+            "snapshot_bytes": size(self.snapshots),
+        }
