@@ -24,6 +24,7 @@ from inkling.encoders import HMLP, Audio
 from inkling.tensors import PROJS, routed_expert_module
 
 from .config import BuildConfig, BuildError
+from .contracts import HEAD, STEP
 from .engine import ENGINE_FORMAT_VERSION, Engine, RankShard
 from .network import CacheLayout, StepProgram
 from .sharding import TensorParallel
@@ -368,35 +369,30 @@ def program_batch(bc: BuildConfig) -> int:
     return bc.max_batch_size + 1
 
 
+def export_dims(bc: BuildConfig) -> dict[str, Dim]:
+    """The programs' dynamic dimensions (the contracts' names), bounded by the BuildConfig: our
+    optimization profiles."""
+    B = Dim("batch", min=1, max=program_batch(bc))
+    return {
+        "num_tokens": Dim("num_tokens", min=1, max=bc.max_num_tokens),
+        "batch": B,
+        "batch+1": B + 1,
+        "num_logits": Dim("num_logits", min=1, max=bc.max_num_tokens),
+        "num_mm": Dim("num_mm", min=1, max=bc.max_num_tokens + 1),
+        "num_blocks": Dim("num_blocks", min=2, max=MAX_BLOCKS_DIM),
+        "max_q": Dim("max_q", min=1, max=bc.max_num_tokens),
+    }
+
+
 def export_step(
     config, bc, impls, weights, device, dtype, moe_tiles: str = "", tp: TensorParallel | None = None
 ) -> torch.export.ExportedProgram:
-    example = step_example(config, bc, device, dtype, tp=tp)
-    T = Dim("num_tokens", min=1, max=bc.max_num_tokens)
-    B = Dim("batch", min=1, max=program_batch(bc))
-    N = Dim("num_logits", min=1, max=bc.max_num_tokens)
-    M = Dim("num_mm", min=1, max=bc.max_num_tokens + 1)
-    NB = Dim("num_blocks", min=2, max=MAX_BLOCKS_DIM)
-    layout = CacheLayout.of(config)
-    dynamic = {
-        "weights": {k: None for k in weights},
-        "input_ids": {0: T},
-        "mm_embeds": {0: M},
-        "mm_positions": {0: M},
-        "cu_seqlens_q": {0: B + 1},
-        "seq_lens": {0: B},
-        "block_tables": {1: B},
-        "slot_mappings": {1: T},
-        "state_indices": {0: B},
-        "logits_indices": {0: N},
-        "q_bound": {0: Dim("max_q", min=1, max=bc.max_num_tokens)},
-        "key_caches": [{0: NB}] * layout.pool_size,
-        "value_caches": [{0: NB}] * layout.pool_size,
-        "conv_states": [None] * len(example["conv_states"]),
-    }
+    example = {"weights": weights, **step_example(config, bc, device, dtype, tp=tp)}
+    args = [example[name] for name in STEP.names]
+    dynamic = STEP.dynamic_shapes(export_dims(bc), example)
     module = StepProgram(config, bc, impls, moe_tiles, tp)
     with torch.no_grad():
-        return torch.export.export(module, (weights, *example.values()), dynamic_shapes=dynamic)
+        return torch.export.export(module, tuple(args), dynamic_shapes=dynamic)
 
 
 def has_heads(config: InklingConfig, bc: BuildConfig) -> bool:
@@ -421,17 +417,16 @@ def export_head(
     from .network import HeadProgram
 
     tp = tp or TensorParallel(config)
-    w = head_weights(weights, 1)
     step = step_example(config, bc, device, dtype, tp=tp)
     T = step["input_ids"].shape[0]
     S = config.sconv_kernel_size - 1 + bc.max_draft_len
-    H = config.hidden_size
     conv = [
         torch.zeros(bc.max_batch_size, S, C, dtype=dtype, device=device)
         for C in head_conv_channels(config, tp)
     ]
     example = dict(
-        h_prev=torch.zeros(T, H, dtype=dtype, device=device),
+        weights=head_weights(weights, 1),
+        h_prev=torch.zeros(T, config.hidden_size, dtype=dtype, device=device),
         input_ids=step["input_ids"],
         mm_embeds=step["mm_embeds"],
         mm_positions=step["mm_positions"],
@@ -445,29 +440,12 @@ def export_head(
         value_cache=step["value_caches"][0],
         conv_states=conv,
     )
-    Tn = Dim("num_tokens", min=1, max=bc.max_num_tokens)
-    Bd = Dim("batch", min=1, max=program_batch(bc))
-    M = Dim("num_mm", min=1, max=bc.max_num_tokens + 1)
-    NB = Dim("num_blocks", min=2, max=MAX_BLOCKS_DIM)
-    dynamic = {
-        "weights": {k: None for k in w},
-        "h_prev": {0: Tn},
-        "input_ids": {0: Tn},
-        "mm_embeds": {0: M},
-        "mm_positions": {0: M},
-        "cu_seqlens_q": {0: Bd + 1},
-        "seq_lens": {0: Bd},
-        "block_table": {0: Bd},
-        "slot_mapping": {0: Tn},
-        "state_indices": {0: Bd},
-        "q_bound": {0: Dim("max_q", min=1, max=bc.max_num_tokens)},
-        "key_cache": {0: NB},
-        "value_cache": {0: NB},
-        "conv_states": [None] * 3,
-    }
+    args = [example[name] for name in HEAD.names]
     module = HeadProgram(config, bc, impls, tp=tp)
     with torch.no_grad():
-        return torch.export.export(module, (w, *example.values()), dynamic_shapes=dynamic)
+        return torch.export.export(
+            module, tuple(args), dynamic_shapes=HEAD.dynamic_shapes(export_dims(bc), example)
+        )
 
 
 def head_conv_channels(config: InklingConfig, tp: TensorParallel) -> tuple[int, int, int]:

@@ -22,6 +22,7 @@ import plugins  # noqa: F401  (registers torch.ops.inkling.*)
 from inkling.config import InklingConfig
 
 from .config import BuildConfig
+from .contracts import HEAD, STEP
 from .sharding import TensorParallel
 
 
@@ -74,8 +75,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class StepProgram(nn.Module):
     """forward(weights, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens, block_tables,
-    slot_mappings, state_indices, logits_indices, key_caches, value_caches, conv_states)
-    -> (logits float32 [N, V], hidden [T, H])
+    slot_mappings, state_indices, logits_indices, q_bound, key_caches, value_caches, conv_states)
+    -> (logits float32 [N, V], hidden [T, H]); the arguments are the STEP contract's (builder/contracts.py).
 
     input_ids [T]; mm_embeds [M+1, H] and mm_positions [M+1] splice image/audio embeddings (the last
     row is a dummy aimed at position T, so M = 0 needs no empty tensor); block_tables int32 [G, B, MB];
@@ -165,6 +166,7 @@ class StepProgram(nn.Module):
         )  # fmt: skip
         return self.channel_sconv(y, w[f"{p}.sconv_m.weight"], conv_m, state_idx, cu)
 
+    @STEP.implements
     def forward(
         self,
         weights: dict[str, torch.Tensor],
@@ -229,6 +231,7 @@ class HeadProgram(StepProgram):
     the rows that draft (the runtime picks them), so catching up a head costs no lm_head pass.
     """
 
+    @HEAD.implements
     def forward(
         self,
         weights: dict[str, torch.Tensor],

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from builder.config import BuildConfig
+from builder.contracts import HEAD, HEAD_PICK, HeadInputs, PickInputs
 from inkling.config import InklingConfig
 
 from .block_manager import FREED
@@ -25,6 +26,7 @@ from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
 from .sequence import Sequence
 from .step_graphs import on_device
 
+INPUT_IDS = HEAD.index("input_ids")
 HIDDEN_RING = 16  # positions of h^0..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
 
 
@@ -132,6 +134,39 @@ class Drafter:
         self.draft_stride = max(build.max_draft_len, 1)
         self.drafted = torch.zeros(slots * self.draft_stride + 1, dtype=torch.long, device=self.device)
 
+    def _fixed_args(self, m: int) -> dict:
+        """Head m's fixed arguments: its weights, KV cache and sconv states."""
+        state = self.heads.state
+        return dict(
+            weights=self.heads.weights[m - 1], key_cache=state.head_key_caches[m - 1],
+            value_cache=state.head_value_caches[m - 1], conv_states=state.head_conv_states[m - 1],
+        )  # fmt: skip
+
+    def template_args(self, m: int, drafting: bool = False) -> list:
+        """Head m's pass arguments (with the pick's, drafting) for a sequence of one token that touches
+        nothing (no KV write, no state, its pick into the sink): the dtypes and devices of a real pass's,
+        for the graphs' capture."""
+        mb = self.max_blocks_per_seq
+        inputs = HeadInputs(
+            h_prev=self.heads.splice_row,
+            input_ids=np.zeros(1, dtype=np.int64),
+            mm_embeds=self.heads.splice_row,
+            mm_positions=torch.tensor([1]),
+            cu_seqlens_q=np.array([0, 1], dtype=np.int32),
+            seq_lens=np.ones(1, dtype=np.int32),
+            block_table=np.zeros((1, mb), dtype=np.int32),
+            slot_mapping=np.full(1, -1, dtype=np.int64),
+            state_indices=np.full(1, -1, dtype=np.int32),
+            q_bound=np.zeros(1, dtype=np.int8),
+        )
+        fixed = self._fixed_args(m)
+        if not drafting:
+            return HEAD.arguments(inputs, **fixed)
+        pick = PickInputs(
+            np.zeros(1, dtype=np.int64), np.full(1, -1, dtype=np.int64), np.full(1, -1, dtype=np.int64)
+        )
+        return HEAD_PICK.arguments(inputs, pick, **fixed, drafted=self.drafted)
+
     @torch.no_grad()
     def run(self, work: list[HeadWork]) -> list[list[int]]:
         """Advance the MTP heads of each sequence and draft (INKLING_SPEC §5 "Decoding"); returns the
@@ -196,32 +231,38 @@ class Drafter:
         # replays again (run: the ring and head m + 1 copy them).
         if drafting and self.draft_graphs is not None:
             return self.draft_graphs(args, variant=m, copy=False)[0]
-        n = len(args) - 4 if drafting else len(args)  # HeadProgram's arguments, then HEAD_PICK_ARGS' four
+        n = len(HEAD.names)  # the head program's arguments (a drafting pass's pick inputs follow)
         graphs = self.head_graphs
         # The graphs stage the ragged arguments from the host themselves (cu_seqlens and seq_lens must stay
         # there); the program without graphs takes them on the device.
         head_args = list(args[:n]) if graphs is not None else [on_device(a, self.device) for a in args[:n]]
         if drafting:
-            pick_rows, pick_dst, hole_src, drafted = (on_device(a, self.device) for a in args[n:])
-            head_args[2] = self._fill_holes(on_device(head_args[2], self.device), hole_src, drafted)
+            pick = {
+                k: on_device(v, self.device)
+                for k, v in HEAD_PICK.by_name(args).items()
+                if k not in HEAD.names
+            }
+            ids = on_device(head_args[INPUT_IDS], self.device)
+            head_args[INPUT_IDS] = self._fill_holes(ids, pick["hole_src"], pick["drafted"])
         out = (
             graphs(head_args, variant=m, copy=False)[0]
             if graphs is not None
             else self.heads.program(*head_args)
         )
         if drafting:
-            self._store_picks(head_args[0], out, pick_rows, pick_dst, drafted)
+            self._store_picks(head_args[0], out, pick["pick_rows"], pick["pick_dst"], pick["drafted"])
         return out
 
     def head_and_pick(self, *args) -> torch.Tensor:
-        """A drafting head pass (what draft_graphs captures; arguments as HEAD_PICK_ARGS): the input
+        """A drafting head pass (what draft_graphs captures; arguments as the HEAD_PICK contract): the input
         ids at rows with hole_src >= 0 are `drafted[hole_src]` (drafts of earlier heads), HeadProgram runs,
         and the draft picked from each sequence's row pick_rows[b] goes to drafted[pick_dst[b]] (pick_dst
         < 0: the buffer's last element, a sink). Returns the head's rows [T, H]."""
-        *head_args, pick_rows, pick_dst, hole_src, drafted = args
-        head_args[2] = self._fill_holes(head_args[2], hole_src, drafted)
+        a = HEAD_PICK.by_name(list(args))
+        head_args = list(args[: len(HEAD.names)])
+        head_args[INPUT_IDS] = self._fill_holes(a["input_ids"], a["hole_src"], a["drafted"])
         out = self.heads.program(*head_args)
-        self._store_picks(head_args[0], out, pick_rows, pick_dst, drafted)
+        self._store_picks(a["weights"], out, a["pick_rows"], a["pick_dst"], a["drafted"])
         return out
 
     @staticmethod
@@ -252,7 +293,7 @@ class Drafter:
     ) -> tuple[list, np.ndarray]:
         """Head m's arguments over `items` (work item, first position, end), and its cu_seqlens (host).
         HeadProgram's arguments, the ragged ones on the host (the graphs send them in one copy), ids of
-        unknown tokens 0; for a drafting pass (`drafting`: the items that draft) then HEAD_PICK_ARGS' four:
+        unknown tokens 0; for a drafting pass (`drafting`: the items that draft) then the HEAD_PICK contract's pick inputs:
         each item's last row and where its draft goes in `drafted` (-1: it does not draft), each row's
         draft to read in place of its id (-1: the id is known), and `drafted`."""
         bs, stride = self.block_size, self.draft_stride
@@ -281,27 +322,26 @@ class Drafter:
         mm_embeds, mm_positions = media_splice(mm_rows, mm_pos, self.heads.splice_row, T)
         # The host arguments as NumPy arrays: the graphs stage them as they are, and only a call without
         # graphs makes tensors of them (step_graphs.on_device).
-        args = [
-            self.heads.weights[m - 1],
-            h_prev[0] if len(h_prev) == 1 else torch.cat(h_prev),
-            ids,
-            mm_embeds,
-            mm_positions,
-            cu,
-            np.array([end for _, _, end in items], dtype=np.int32),
-            table,
-            slots,
-            np.array([work[i].seq.slot for i, _, _ in items], dtype=np.int32),
-            np.zeros(int(lens.max()), dtype=np.int8),
-            self.heads.state.head_key_caches[m - 1],
-            self.heads.state.head_value_caches[m - 1],
-            self.heads.state.head_conv_states[m - 1],
-        ]
-        if drafting:
-            dst = np.full(len(items), -1, dtype=np.int64)
-            for j in drafting:
-                dst[j] = items[j][0] * stride + m - 1
-            args += [cu[1:].astype(np.int64) - 1, dst, hole_src, self.drafted]
+        inputs = HeadInputs(
+            h_prev=h_prev[0] if len(h_prev) == 1 else torch.cat(h_prev),
+            input_ids=ids,
+            mm_embeds=mm_embeds,
+            mm_positions=mm_positions,
+            cu_seqlens_q=cu,
+            seq_lens=np.array([end for _, _, end in items], dtype=np.int32),
+            block_table=table,
+            slot_mapping=slots,
+            state_indices=np.array([work[i].seq.slot for i, _, _ in items], dtype=np.int32),
+            q_bound=np.zeros(int(lens.max()), dtype=np.int8),
+        )
+        fixed = self._fixed_args(m)
+        if not drafting:
+            return HEAD.arguments(inputs, **fixed), cu
+        dst = np.full(len(items), -1, dtype=np.int64)
+        for j in drafting:
+            dst[j] = items[j][0] * stride + m - 1
+        pick = PickInputs(pick_rows=cu[1:].astype(np.int64) - 1, pick_dst=dst, hole_src=hole_src)
+        args = HEAD_PICK.arguments(inputs, pick, **fixed, drafted=self.drafted)
         return args, cu
 
     def _ring_write(self, level: int, slot: int, start: int, rows: torch.Tensor | None) -> None:

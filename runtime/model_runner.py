@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from dataclasses import dataclass
+import logging
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import plugins  # noqa: F401  (the programs call torch.ops.inkling.*)
 from builder.build import head_weights
+from builder.contracts import STEP, StepInputs
 from builder.engine import Engine
 from builder.sharding import DRAFT_LM_HEAD, TensorParallel
 from inkling.processing import image_patches
@@ -43,24 +44,7 @@ from .step_graphs import (
     token_buckets,
 )
 
-
-@dataclass
-class StepInputs:
-    """The step program's inputs other than weights, caches and states (builder/network.py StepProgram)."""
-
-    input_ids: torch.Tensor
-    mm_embeds: torch.Tensor
-    mm_positions: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-    seq_lens: torch.Tensor
-    block_tables: torch.Tensor
-    slot_mappings: torch.Tensor
-    state_indices: torch.Tensor
-    logits_indices: torch.Tensor
-    q_bound: torch.Tensor  # int8 [max q_len]: its length bounds each sequence's new tokens
-
-    def to(self, device: torch.device) -> list[torch.Tensor]:
-        return [getattr(self, f.name).to(device) for f in dataclasses.fields(self)]
+log = logging.getLogger("runtime.model_runner")
 
 
 def fed_tokens(seq: Sequence, drafts: list[int], start: int, n: int) -> list[int]:
@@ -159,7 +143,21 @@ class ModelRunner:
         self.drafter = Drafter(heads, c, bc, engine.config)
         self._init_graphs(cuda_graphs, pad_eager)
 
+    # The heads' graphs are the drafter's (it replays them); here for the runner's readers.
+    head_graphs = property(lambda self: self.drafter.head_graphs)
+    draft_graphs = property(lambda self: self.drafter.draft_graphs)
+
+    @head_graphs.setter
+    def head_graphs(self, graphs: StepGraphs | None) -> None:
+        self.drafter.head_graphs = graphs
+
+    @draft_graphs.setter
+    def draft_graphs(self, graphs: StepGraphs | None) -> None:
+        self.drafter.draft_graphs = graphs
+
     def _init_graphs(self, cuda_graphs: bool | None, pad_eager: bool) -> None:
+        """The step and head passes' CUDA graphs (or, pad_eager, their buckets run eager), every bucket a
+        call can reach captured now: a request that opens a bucket never waits for a capture."""
         self.step_graphs = self.head_graphs = self.draft_graphs = None
         impls = self.engine.config["plugin_config"]["impls"]
         if cuda_graphs is None:
@@ -172,11 +170,10 @@ class ModelRunner:
             if any(impls.get(op) != "triton" for op in GRAPH_OPS):  # the references sync (.tolist())
                 raise ValueError(f"cuda_graphs needs the Triton plugins, the engine has {impls}")
         bc = self.build
+        q = 1 + (bc.max_draft_len if self.num_heads else 0)  # tokens a sequence feeds: 1 + its drafts
         # T_g <= max_seq_len: the padding sequence's reads (positions < T_g - T) stay in its block-table row.
-        tokens = token_buckets(
-            bc.max_batch_size, 1 + bc.max_draft_len, min(bc.max_num_tokens, bc.max_seq_len)
-        )
-        qs = q_buckets(1 + bc.max_draft_len)
+        tokens = token_buckets(bc.max_batch_size, q, min(bc.max_num_tokens, bc.max_seq_len))
+        qs = q_buckets(q)
         kw = dict(use_graphs=cuda_graphs, pad_eager=pad_eager)
         pool = torch.cuda.graph_pool_handle() if cuda_graphs else None  # one pool: one graph runs at a time
 
@@ -185,10 +182,38 @@ class ModelRunner:
             return StepGraphs(program, spec, self.device, batch, tokens, qs, pool=pool, **kw)
 
         self.step_graphs = graphs("step", self.step, STEP_ARGS)
+        made = self.step_graphs.capture(
+            lambda _: self._step_args(self._idle_inputs()), max_num_seqs=bc.max_batch_size
+        )
         if self.head is not None:
             self.head_graphs = graphs("mtp_head", self.head, HEAD_ARGS)
             self.draft_graphs = graphs("mtp_head", self.drafter.head_and_pick, HEAD_PICK_ARGS)
-            self.drafter.head_graphs, self.drafter.draft_graphs = self.head_graphs, self.draft_graphs
+            heads = tuple(range(1, self.num_heads + 1))
+            made += self.head_graphs.capture(self.drafter.template_args, heads, bc.max_batch_size)
+            made += self.draft_graphs.capture(
+                lambda m: self.drafter.template_args(m, drafting=True), heads, bc.max_batch_size
+            )
+        seconds = sum(
+            g.stats.capture_seconds for g in (self.step_graphs, self.head_graphs, self.draft_graphs) if g
+        )
+        log.info("%s %d buckets in %.1f s", "captured" if cuda_graphs else "made", made, seconds)
+
+    def _idle_inputs(self) -> StepInputs:
+        """A step's inputs of one sequence of one token that touches nothing (no KV write, no state): the
+        dtypes and devices a real step's have, for the graphs' capture."""
+        G, mb = self.num_groups, self.build.max_blocks_per_seq
+        return StepInputs(
+            input_ids=torch.zeros(1, dtype=torch.long),
+            mm_embeds=self.splice_row,
+            mm_positions=torch.tensor([1]),
+            cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32),
+            seq_lens=torch.ones(1, dtype=torch.int32),
+            block_tables=torch.zeros(G, 1, mb, dtype=torch.int32),
+            slot_mappings=torch.full((G, 1), -1, dtype=torch.long),
+            state_indices=torch.full((1,), -1, dtype=torch.int32),
+            logits_indices=torch.zeros(1, dtype=torch.long),
+            q_bound=torch.zeros(1, dtype=torch.int8),
+        )
 
     def drop_graphs(self) -> None:
         """Destroy the captured graphs, before this rank leaves its process groups: on 2xH200 both ranks of
@@ -290,15 +315,19 @@ class ModelRunner:
     def _execute(self, inputs: StepInputs, graphed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         self._apply_shifts()  # deferred rollbacks, before the step reads the states
         if graphed and self.step_graphs is not None:
-            fields = [getattr(inputs, f.name) for f in dataclasses.fields(inputs)]
-            args = [self.weights, *fields, self.key_caches, self.value_caches, self.conv_states]
+            args = self._step_args(inputs)
             if self.step_graphs.bucket(args) is not None:
                 return self.step_graphs(args)
         if self.step_graphs is not None:
             self.step_graphs.stats.eager += 1
-        return self.step(
-            self.weights, *inputs.to(self.device), self.key_caches, self.value_caches, self.conv_states
-        )
+        on_device = StepInputs(*inputs.to(self.device))
+        return self.step(*self._step_args(on_device))
+
+    def _step_args(self, inputs: StepInputs) -> list:
+        return STEP.arguments(
+            inputs, weights=self.weights, key_caches=self.key_caches, value_caches=self.value_caches,
+            conv_states=self.conv_states,
+        )  # fmt: skip
 
     def to_device(self, x: torch.Tensor) -> torch.Tensor:
         """A host tensor on the runner's device, copied from pinned memory (a copy from pageable memory

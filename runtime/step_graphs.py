@@ -38,15 +38,17 @@ padding is testable on the CPU.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+
+from builder.contracts import HEAD, HEAD_PICK, STEP, RaggedArgs
 
 FLAT_ALIGN = 64  # bytes: each ragged buffer's offset in its bucket's flat buffer (kernels assume 16)
 WARMUP_RUNS = 3  # eager runs on a side stream before a capture (Triton compiles, cuBLAS handles)
@@ -97,6 +99,22 @@ def token_buckets(max_batch_size: int, max_tokens_per_seq: int, max_num_tokens: 
     return tuple(sorted({t for t in pows | full if t <= limit} | {limit}))
 
 
+def reachable_buckets(
+    max_num_seqs: int, batch: tuple[int, ...], tokens: tuple[int, ...], qs: tuple[int, ...]
+) -> list[tuple[int, int, int]]:
+    """Every (B_g, T_g, Q_g) that `choose_bucket` picks for some batch of up to max_num_seqs sequences, each
+    feeding at most qs[-1] tokens: what a start-up capture must cover so that no step captures while
+    serving."""
+    out = set()
+    for n in range(1, max_num_seqs + 1):
+        for q in range(1, qs[-1] + 1):
+            for T in range(q + n - 1, min(n * q, tokens[-1]) + 1):  # the longest sequence feeds q
+                bucket = choose_bucket(n, T, q, batch, tokens, qs)
+                if bucket is not None:
+                    out.add(bucket)
+    return sorted(out, key=lambda b: (b[1], b[0], b[2]))
+
+
 def choose_bucket(
     num_seqs: int,
     num_tokens: int,
@@ -116,44 +134,8 @@ def choose_bucket(
     return None if B is None else (B, T, Q)
 
 
-@dataclass(frozen=True)
-class RaggedArgs:
-    """Where a program's ragged batch sits among its positional arguments: index -> (dim, padding value)
-    of the inputs sized by tokens and by sequences; the logits rows (N <= T), cu_seqlens_q, seq_lens,
-    q_bound and the media splice; what each output is sized by ("T" or "N")."""
-
-    tokens: dict[int, tuple[int, float]]
-    seqs: dict[int, tuple[int, float]]
-    cu: int
-    seq_lens: int
-    q_bound: int
-    mm_embeds: int
-    mm_positions: int
-    outputs: tuple[str, ...]
-    logits: int | None = None
-
-
-# builder/network.py StepProgram.forward(weights, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens,
-# block_tables, slot_mappings, state_indices, logits_indices, q_bound, key_caches, value_caches, conv_states)
-STEP_ARGS = RaggedArgs(
-    tokens={1: (0, 0), 7: (1, -1)},
-    seqs={6: (1, 0), 8: (0, -1)},
-    cu=4, seq_lens=5, q_bound=10, mm_embeds=2, mm_positions=3, outputs=("N", "T"), logits=9,
-)  # fmt: skip
-# HeadProgram.forward(weights, h_prev, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens,
-# block_table, slot_mapping, state_indices, q_bound, key_cache, value_cache, conv_states)
-HEAD_ARGS = RaggedArgs(
-    tokens={1: (0, 0), 2: (0, 0), 8: (0, -1)},
-    seqs={7: (0, 0), 9: (0, -1)},
-    cu=5, seq_lens=6, q_bound=10, mm_embeds=3, mm_positions=4, outputs=("T",),
-)  # fmt: skip
-# A drafting head pass with its draft pick in the same graph (runtime/drafter.py Drafter.head_and_pick):
-# HeadProgram's arguments, then per sequence the row to pick from and the pick's place in `drafted` (-1: a
-# sink), per token the draft to read in place of its id (-1: none), and `drafted` (the drafter's buffer,
-# read and written in place); it returns the head's rows.
-HEAD_PICK_ARGS = dataclasses.replace(
-    HEAD_ARGS, tokens={**HEAD_ARGS.tokens, 16: (0, -1)}, seqs={**HEAD_ARGS.seqs, 14: (0, 0), 15: (0, -1)}
-)
+# The programs' ragged batches, from their contracts (builder/contracts.py).
+STEP_ARGS, HEAD_ARGS, HEAD_PICK_ARGS = STEP.ragged, HEAD.ragged, HEAD_PICK.ragged
 
 
 def _pad(x: torch.Tensor, dim: int, size: int, value: float) -> torch.Tensor:
@@ -360,7 +342,9 @@ class GraphStats:
     graphed: int = 0  # calls replayed (or run padded in pad_eager mode)
     eager: int = 0  # calls that fit no bucket or carried media
     captures: int = 0
-    buckets: set = field(default_factory=set)
+    captures_while_serving: int = 0  # captures a call had to wait for (its bucket was not made yet)
+    capture_seconds: float = 0.0  # spent in `capture`
+    buckets: set = field(default_factory=set)  # the buckets calls used
 
 
 class StepGraphs:
@@ -370,6 +354,11 @@ class StepGraphs:
     variant: what tells apart calls whose fixed arguments (weights, caches) differ, e.g. the MTP head.
     pool: a graph memory pool to share (torch.cuda.graph_pool_handle()); its own otherwise. One caller at
     a time: the static buffers are shared; outputs are copies of the real rows.
+
+    `capture` makes every bucket a call can reach, at start-up. The graphs write their outputs into one
+    buffer per output, shared by all buckets (sized for the largest): each graph's own output is then a
+    temporary of the shared pool, so the captures cost about the largest graph's memory, not the sum of
+    all (the step's float32 logits [T_g, V] alone would be about 12 GB over inkling-bench's 105 buckets).
     """
 
     def __init__(
@@ -393,6 +382,26 @@ class StepGraphs:
         self.pool = pool
         self.buckets: dict[Hashable, _Bucket] = {}
         self.stats = GraphStats()
+        self.shared_outputs: list[torch.Tensor] | None = None  # see `capture`
+
+    def capture(
+        self, template: Callable[[Hashable], list], variants: tuple = (None,), max_num_seqs: int | None = None
+    ) -> int:
+        """Make every reachable bucket of each variant now: template(variant) gives the program's arguments
+        of any batch (its fixed arguments the objects later calls pass, its ragged ones of the right
+        dtypes). max_num_seqs: the most sequences a call has (default the largest batch bucket). Returns
+        the number of buckets made."""
+        start = time.perf_counter()
+        buckets = reachable_buckets(max_num_seqs or self.batch[-1], self.batch, self.tokens, self.qs)
+        made = 0
+        for variant in variants:
+            args = template(variant)
+            for B, T, Q in buckets:
+                if (variant, B, T, Q) not in self.buckets:
+                    self._make((variant, B, T, Q), args, B, T, Q)
+                    made += 1
+        self.stats.capture_seconds += time.perf_counter() - start
+        return made
 
     def bucket(self, args: list) -> tuple[int, int, int] | None:
         if not (self.use_graphs or self.pad_eager) or args[self.spec.mm_embeds].shape[0] != 1:
@@ -411,7 +420,11 @@ class StepGraphs:
             return _as_tuple(self.program(*[on_device(a, self.device) for a in args]))
         B, T, Q = bucket
         key = (variant, B, T, Q)
-        entry = self.buckets.get(key) or self._make(key, args, B, T, Q)
+        entry = self.buckets.get(key)
+        if entry is None:
+            self.stats.captures_while_serving += self.use_graphs
+            entry = self._make(key, args, B, T, Q)
+        self.stats.buckets.add(key)
         for i, a in enumerate(args):
             if not isinstance(a, (torch.Tensor, np.ndarray)) and a is not entry.args[i]:
                 raise RuntimeError(f"argument {i} is not the object bucket {key} was made with")
@@ -449,6 +462,13 @@ class StepGraphs:
         i = next(iter(self.spec.tokens))
         return args[i].shape[self.spec.tokens[i][0]]
 
+    def _shared_outputs(self, outputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        """The buffers every bucket's graph writes its outputs into, made at the first capture (outside any
+        graph) with the rows of the largest token bucket (outputs are sized by T_g or N_g <= T_g)."""
+        if self.shared_outputs is None:
+            self.shared_outputs = [o.new_empty((self.tokens[-1], *o.shape[1:])) for o in outputs]
+        return self.shared_outputs
+
     @torch.no_grad()
     def _make(self, key: Hashable, args: list, B: int, T: int, Q: int) -> _Bucket:
         """The bucket's static buffers, holding a batch of padding only (it writes no cache or state,
@@ -475,15 +495,18 @@ class StepGraphs:
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     for _ in range(WARMUP_RUNS):
-                        self.program(*static)
+                        warm = _as_tuple(self.program(*static))
                 torch.cuda.current_stream().wait_stream(side)
+                shared = self._shared_outputs(warm)
+                del warm
                 if self.pool is None:
                     self.pool = torch.cuda.graph_pool_handle()
                 entry.graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(entry.graph, pool=self.pool):
-                    entry.outputs = _as_tuple(self.program(*static))
+                    outputs = _as_tuple(self.program(*static))
+                    entry.outputs = tuple(buf[: o.shape[0]].copy_(o) for buf, o in zip(shared, outputs))
+                del outputs  # temporaries of the pool now, which later captures reuse
             self.stats.captures += 1
-        self.stats.buckets.add(key)
         self.buckets[key] = entry
         return entry
 

@@ -4,6 +4,8 @@ a GPU (tests/gpu/test_engine_gpu.py replays the graphs)."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -366,3 +368,36 @@ def test_cuda_graphs_by_default_on_one_gpu_only(engine_f32):
     assert runner.step_graphs is None and runner.head_graphs is None
     with pytest.raises(ValueError, match="CUDA engine"):
         LLMEngine(engine_f32[0], cuda_graphs=True)
+
+
+def test_every_bucket_a_call_uses_is_made_at_start_up(engine_f32, unpadded):
+    """Graph buckets are made when the runner starts (captured, on a GPU), every one a step or head pass can
+    reach: a ragged MTP workload (k = 0, 1, 3, 8 in one batch) then uses only buckets made before it ran."""
+    requests, base = unpadded
+    eng = LLMEngine(engine_f32[0], pad_eager=True)
+    made = {name: set(g.buckets) for name, g in _graphs(eng.runner).items()}
+    assert all(made.values()), {k: len(v) for k, v in made.items()}
+    lens = {rid: len(p.input_ids) for rid, p, _ in requests}
+    override_drafts(eng, Oracle(base, lens, seed=5))
+    for rid, p, params in requests:
+        eng.add_request(rid, p, params)
+    assert run_all(eng) == base
+    for name, g in _graphs(eng.runner).items():
+        assert g.stats.buckets and g.stats.buckets <= made[name], (name, g.stats.buckets - made[name])
+        assert set(g.buckets) == made[name]  # nothing made while serving
+
+
+def _graphs(runner) -> dict:
+    return {"step": runner.step_graphs, "head": runner.head_graphs, "draft": runner.draft_graphs}
+
+
+def test_reachable_buckets_are_those_calls_choose():
+    from runtime.step_graphs import choose_bucket, reachable_buckets
+
+    batch, tokens, qs = batch_buckets(4, 5), token_buckets(4, 9, 256), q_buckets(9)
+    reachable = set(reachable_buckets(4, batch, tokens, qs))
+    rng = random.Random(0)
+    for _ in range(2000):
+        q_lens = [rng.randint(1, 9) for _ in range(rng.randint(1, 4))]
+        bucket = choose_bucket(len(q_lens), sum(q_lens), max(q_lens), batch, tokens, qs)
+        assert bucket is None or bucket in reachable
