@@ -72,20 +72,21 @@ class Scheduler:
             self.waiting.appendleft(alone)
         budget = self.max_num_tokens
         out: list[ScheduledSeq] = []
-        # 1. Decoding sequences: one token each plus their MTP drafts, oldest first; preempt the newest
-        # when blocks run out (for the token; drafts are dropped rather than preempt anyone).
+        # 1. Decoding sequences: one token each, oldest first, preempting the newest when blocks run out;
+        # then their MTP drafts, with the budget and blocks that are left (dropped rather than cost anyone
+        # their token).
         for seq in sorted(self.running, key=lambda s: s.arrival):
             if seq.is_prefill or budget == 0 or seq.status != Status.RUNNING or not _may_run(seq, alone):
                 continue
-            if not self._reserve(seq, len(seq), out):
-                continue
-            k = min(len(seq.drafts), budget - 1)
-            if k and self.blocks.can_allocate(seq.blocks, len(seq) + k):
-                self.blocks.allocate(seq.blocks, len(seq) + k)
-            else:
-                k = 0
-            out.append(ScheduledSeq(seq, seq.num_computed, 1 + k, k))
-            budget -= 1 + k
+            if self._reserve(seq, len(seq), out):
+                out.append(ScheduledSeq(seq, seq.num_computed, 1))
+                budget -= 1
+        for s in out:
+            k = min(len(s.seq.drafts), budget)
+            if k and self.blocks.can_allocate(s.seq.blocks, len(s.seq) + k):
+                self.blocks.allocate(s.seq.blocks, len(s.seq) + k)
+                s.num_tokens, s.num_drafts = 1 + k, k
+                budget -= k
         # 2. Prefill chunks of running sequences, then of waiting ones.
         for seq in sorted(self.running, key=lambda s: s.arrival):
             if (
