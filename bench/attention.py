@@ -64,7 +64,7 @@ WORKLOADS = [
     ("prefill 32K sliding", 1, 32768, 32768, W),
 ]
 PREFILL_VARIANTS = [
-    # the default is the relative table per chunk of 3 tiles, 64x64, 4 warps (session 16); the previous
+    # the default is the relative table per chunk of 3 tiles, 64x64, 4 warps (chosen 2026-12-01); the previous
     # default (the band sheared through a scratch per tile), and the chunk form's other settings
     AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="scratch"),
     AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="scratch", table_dtype="bfloat16"),
@@ -392,7 +392,7 @@ def sdpa_or_flex_sol(x, batch, q_len, kv_len, window):
 def verify_variants(batch, q_len, kv_len):
     """The relative term as one GEMV per query row (rel_gemv) at block_n 32, 64 and 128 with half, the
     chosen and twice the chosen splits, and eight warps; the sheared band (block_q 16, the default
-    for 9 queries before session 22) at the chosen splits."""
+    for 9 queries until 2026-12-02) at the chosen splits."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     base = launcher.choose_config(batch, HQ, HKV, q_len, kv_len, sms)
     gemv_q = max(min(triton.next_power_of_2(q_len), launcher.VERIFY_TILE_ROWS), 2)

@@ -82,7 +82,7 @@ def user_prompts(prompts: dict[str, torch.Tensor], batch: int, shared: bool) -> 
     """`batch` prompts for a decode run: the tiers in turn, each user's rotated by its own offset (after its
     bos) so that no two users decode the same tokens and route to the same experts; with `shared`, the
     three tier prompts repeated (every third user decodes the same tokens: the MoE reads far fewer experts
-    than a real batch's, the way runs before session 18 measured)."""
+    than a real batch's, the way the first runs measured)."""
     tiers = list(prompts.values())
     out = []
     for i in range(batch):
@@ -113,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--shared_prompts",
         action="store_true",
-        help="decode batches of the three tier prompts repeated (the runs before session 18), not one prompt "
-        "a user",
+        help="decode batches of the three tier prompts repeated (the first runs), not one prompt a user",
     )
     ap.add_argument(
         "--temperature",
@@ -544,7 +543,7 @@ def load(path: str) -> dict:
 
 
 def _requested_batches(r: dict) -> list[int]:
-    """The decode batches a run was asked for: recorded since session 21, else read from its command."""
+    """The decode batches a run was asked for: recorded since 2026-12-02, else read from its command."""
     if "batches" in r:
         return r["batches"]
     if "--peers_only" in r["command"]:
@@ -624,8 +623,8 @@ def _decode_rows(r: dict, label: str) -> list[str]:
         if step_bound and int(batch) > 1 and not r.get("num_draft_tokens"):
             # the batch's own bound: the experts its distinct sequences touch, and their KV
             fraction = d["throughput_tokens_per_s"] * step_bound / int(batch)
-            # Above it, the batch read fewer experts than uniform routing gives its users (session 20's
-            # greedy batches, BENCHMARKS.md run 17): the row is not a figure of the engine
+            # Above it, the batch read fewer experts than uniform routing gives its users (the 2026-12-01
+            # greedy batches, bench/results/history.md, end-to-end run 17): the row is not a figure of the engine
             above = (
                 " (above the bound: the batch routed like fewer users; not a figure)" if fraction > 1 else ""
             )

@@ -339,7 +339,7 @@ def write_md(moe_rows, sconv_rows, path):
 
 def launch_only(T: int) -> None:
     """The op at T tokens, three calls after a warm-up, for a profiler to capture (`ncu --kernel-name
-    regex:moe_ ...`; bench/gpu_session.sh moe-ncu, s17c): at decode sizes (T <= 16) in the default
+    regex:moe_ ...`; bench/results/gpu-2026-12-01/s17c/): at decode sizes (T <= 16) in the default
     tensor-core config and in the GEMV one; above, in tune()'s last candidate without a register cap (at
     prefill sizes, the GEMM 1 and GEMM 2 tile pair, shared experts through cuBLAS: what s17c profiled)."""
     args = op_args(make_layer(), T)
@@ -372,7 +372,7 @@ def launch_times(args: tuple, cfg: dict, want: torch.Tensor, keep) -> tuple[floa
     return err, {name: bench(run)[0] * 1e3 for name, run in launches if keep(name)}
 
 
-# tune()'s pick at T = 64 in session 20's e2e build (bench/results/gpu-2026-12-01/bench-decode/, 3.68 ms):
+# tune()'s pick at T = 64 in the 2026-12-01 e2e build (bench/results/gpu-2026-12-01/bench-decode/, 3.68 ms):
 # the default tiles of T = 64's bucket, the shared experts through cuBLAS on the side stream
 BATCH_MMA = {
     **{k: v for k, v in moe_launcher.select_config(None, 64).items() if k != "max_tokens"},
@@ -384,12 +384,12 @@ BATCH_MMA = {
 def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:
     """Every block-diagonal (bd) decode candidate of tune() (shared experts on the Triton path) at T tokens,
     as decode_sweep times them. Writes decode_kernels.json. (The mma and GEMV candidates were 1.3-2.7x
-    slower in session 8's run of this, BENCHMARKS.md.)"""
+    slower in an earlier run of this, bench/results/history.md.)"""
 
     def configs(T: int) -> list[tuple[str, dict]]:
         bd = [c for c in moe_launcher._candidates(T) if c.get("kernel") == "bd" and c["shared"] == "triton"]
         named = [(json.dumps({k: v for k, v in c.items() if k != "block_m" or T > 16}), c) for c in bd]
-        if T > 16:  # beside them, the tensor-core tiles tune() chose for T = 64 (session 20's e2e build)
+        if T > 16:  # beside them, the tensor-core tiles tune() chose for T = 64 (the 2026-12-01 e2e build)
             named.append(("mma " + json.dumps(BATCH_MMA), BATCH_MMA))
         return named
 
@@ -430,7 +430,7 @@ def decode_sweep(configs, tokens, path: str) -> None:
 # GEMM tiles (block_m, block_n, block_k, warps, stages[, more config keys]) for prefill-sized T: tune()'s
 # (launcher._candidates) and others, timed per GEMM (bench/results/gpu-2026-12-01/s16/: the 8K prefill's MoE
 # was 66% of its GPU time). The NVFP4 decode is by byte lookups unless a tile says {"prmt": False}.
-# Session 17's register-capped tiles were slower (s18) and are gone.
+# The register-capped tiles tried first were slower (s18-decode) and are gone.
 PREFILL_TILES = [
     (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 64, 64, 4, 4),  # tune()'s
     (128, 64, 64, 4, 4, {"prmt": False}), (128, 128, 64, 4, 4, {"prmt": False}),  # the float32 decode
@@ -493,7 +493,7 @@ DECODE_VARIANTS = [
     ("gemm1 block_k 128", {}, {"block_k": 128}, {}),
     ("gemm1 block_n 32", {}, {"block_n": 32}, {}),
     ("shared cuBLAS", {"shared": "torch"}, {}, {}),
-]  # session 19 also timed the routed branch on a stream of higher priority: no gain (launcher._candidates)
+]  # a 2026-12-01 run also timed the routed branch on a stream of higher priority: no gain (launcher._candidates)
 
 
 def decode_tiles(out_dir: str, tokens=(1, 4, 8)) -> None:

@@ -14,7 +14,7 @@ For a decode (`--decode KV`: one query, batch 1, the launcher's split count) the
 programs fit on an SM by registers and by shared memory (H100/H200: 64K registers, 228 KB).
 
 These say whether a variant can run well, not how fast it runs: only the GPU says that (bench/attention.py).
-It was how session 15 found that the scratch shear's barriers left its tile loop without a pipeline.
+It was how we found that the scratch shear's barriers left its tile loop without a pipeline.
 The kernel is compiled as the launcher would launch it (`launcher.kernel_constexprs`), bf16, with the
 pointers and strides that are multiples of 16 marked so (as Triton's launch specialises them).
 """

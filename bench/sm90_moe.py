@@ -10,7 +10,7 @@ cubin with the nvdisasm Triton bundles and counts the SASS instructions of the K
 that ends in the loop's backward branch), by opcode. Per K step and thread, that is the work the
 dequantization adds next to the tensor-core instructions (HGMMA) it feeds.
 
-Session 16 measured the routed GEMMs at 205 TFLOP/s against 549 for the bf16 shared GEMM 1 in this kernel
+The 2026-12-01 runs measured the routed GEMMs at 205 TFLOP/s against 549 for the bf16 shared GEMM 1 in this kernel
 (bench/moe.py --prefill-tiles 4096); this says where the difference goes. Writes sm90_moe.json and .md.
 """
 

@@ -96,7 +96,7 @@ class BuildConfig:
     # that a load compiles from them; the runtime then compiles the MTP head program too. Off by default:
     # the build's compile step warms a second runner (another set of KV caches) and tp > 1 builds do not
     # support it yet. A GPU engine that serves should use it: Inductor's fusion takes inkling-bench's
-    # batch-1 decode step from 2.82 to 2.60 ms on the H200 (BENCHMARKS.md "Engine build and load").
+    # batch-1 decode step from 2.82 to 2.60 ms on the H200 (bench/results/history.md, "Engine build and load").
     compile: bool = False
     plugin_config: PluginConfig = field(default_factory=PluginConfig)
 

@@ -1,12 +1,12 @@
 """The MTP heads' draft vocabulary: an opt-in subset of the tokens the heads may draft.
 
 Each head's draft pick (`inkling::mtp_draft`) reads the whole lm_head: 200192 × 7168 bf16, 2.87 GB, as
-much as the rest of an inkling-bench decode step's weights (BENCHMARKS.md "MTP"). Drafts only decide
+much as the rest of an inkling-bench decode step's weights (bench/results/history.md, "MTP"). Drafts only decide
 speed (the main model verifies every draft with the whole vocabulary, and rejection sampling treats a
 draft as a point mass), so a head may draft from the tokens a workload actually uses: with 32768 of
 them, a pick reads 6.1× fewer bytes. A token outside the subset is never drafted; where the main model
 wants one, that draft is rejected and the step still emits the main model's token. Outputs are the same
-with or without a draft vocabulary; only acceptance, and so speed, changes (measured in BENCHMARKS.md).
+with or without a draft vocabulary; only acceptance, and so speed, changes (measured: bench/results/history.md).
 
     python -m builder.draft_vocab --tokenizer CKPT/tokenizer.json --size 32768 --out vocab.json TEXT...
     python -m builder --checkpoint_dir CKPT --output_dir ENGINE --draft_vocab vocab.json

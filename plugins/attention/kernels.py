@@ -13,7 +13,7 @@ the tensor cores ([M, BAND]), then sheared so that query row a, key column b rea
 a - b + BLOCK_N - 1 (a gather along the band axis). When every distance in the tile is at least
 R - 1 the term is r_i . E[R-1] per row, computed once per program.
 
-One-head tiles (prefill; bf16 engines by default since session 16) may instead take the term of a chunk
+One-head tiles (prefill; bf16 engines by default since 2026-12-01) may instead take the term of a chunk
 of CHUNK KV tiles at once (U_WIDTH > 0):
 U[a, u] = r_a . E[u_base + u] into a per-program table, two barriers per chunk, then the chunk's tiles
 read it sheared by plain loads. Their loop then has no barrier, so Triton software-pipelines its K/V loads,

@@ -134,7 +134,7 @@ def choose_config(
         # (bench/results/gpu-2026-12-01/s13-verify/): 4 queries at 8K 0.050 ms against 0.280 for the band
         # sheared with tl.gather (BAND_3D, block_q 16), 0.025 against 0.194 on a 4K-window layer. At 9
         # queries in one 16-row tile the GEMV took 0.33-0.61 ms, slower than the band's 0.287; so 9-16
-        # queries take two tiles of 8 rows (session 22). (The heads' bands side by side, below block_q
+        # queries take two tiles of 8 rows (measured 2026-12-02). (The heads' bands side by side, below block_q
         # 16, were slower still; ptxas spent 180-260 s on them.)
         rel_gemv = max_seqlen_q > 1
         block_n = 16 if small else (128 if max_seqlen_q == 1 else 64)

@@ -384,7 +384,7 @@ def _candidates(T: int) -> list[dict]:
         # build, barrier and wgmma wait per step). H200, inkling-bench, routed GEMMs alone (2026-11-30,
         # bench/moe.py --decode-kernels): T = 1 GEMM 1 plain 71.8 us, stack_gu + k_major_a 63.3,
         # stack_gu + one_dot 54.3; GEMM 2 plain 43.7, k_major_a 38.1, one_dot 41.6. Also measured and
-        # dropped: 8 warps, 2 stages, block_n 32, 2-row blocks (all slower at T = 1 and 8). Session 11
+        # dropped: 8 warps, 2 stages, block_n 32, 2-row blocks (all slower at T = 1 and 8). An earlier run
         # (bench/results/gpu-2026-11-30/s11/moe-e2e/): the activation row's range read in one load before
         # the main loop 54.5 -> 53.9 us (noise), two warpgroups on the 128 stacked rows 73.3 us, GEMM 2
         # with block_k 128 and 4 stages 45.5 us, 4 stages on GEMM 1 over the shared memory: all dropped.
@@ -412,7 +412,7 @@ def _candidates(T: int) -> list[dict]:
     elif T <= 128:
         # The block-diagonal decode kernel for batches of decode and verify rows (batch 32 steps, MTP
         # verifies): a touched expert holds 1-2 of their rows, and the tensor-core tiles above decode its
-        # weights for a 16-row block. H200, session 21 (bench/moe.py --decode-kernels 32,64,
+        # weights for a 16-row block. H200, 2026-12-02 (bench/moe.py --decode-kernels 32,64,
         # bench/results/gpu-2026-12-02/s21-moe-batch/): the op at T = 32 took 2.43 ms with one row a block
         # against 2.66 on the best tensor-core tiles, at T = 64 4.75 against 3.73. Two and four rows a block
         # took 2.5 and 5 times as long as one (6.1 and 12.2 ms at T = 32), so they are not candidates.

@@ -56,7 +56,7 @@ def expert_sink_moe(
         y += p_shared[:, s : s + 1] * out.float()
     used = torch.unique(idx)
     # A group of experts dequantized at a time: inkling-bench's 256 at once need over 100 GB of
-    # temporaries (the H200 ran out of memory at T = 1000, session 16).
+    # temporaries (the H200 ran out of memory at T = 1000, 2026-12-01).
     for group in used.split(DEQUANT_GROUP):
         gate_up, down = dequantize_experts(w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, group)
         gate_up, down = gate_up.to(dtype), down.to(dtype)

@@ -205,7 +205,7 @@ def test_sm90_moe_report_smoke(tmp_path):
 
 def test_decode_batches_have_one_prompt_a_user():
     """A decode batch's users each decode their own prompt (the MoE reads the experts a real batch routes
-    to); --shared_prompts repeats the three tier prompts, as runs before session 18 did."""
+    to); --shared_prompts repeats the three tier prompts, as the first e2e runs did."""
     tiers = {
         t: torch.cat([torch.tensor([1]), torch.randperm(500)[:300] + 2]) for t in ("low", "mixed", "high")
     }
@@ -220,7 +220,7 @@ def test_decode_batches_have_one_prompt_a_user():
 
 def test_batch_above_its_bound_is_flagged():
     """A throughput row above its batch's bound (the batch read fewer experts than uniform routing gives its
-    users) says it is not a figure: session 20's greedy batch 32 on the H200 (105.5%), from its committed
+    users) says it is not a figure: the 2026-12-01 greedy batch 32 on the H200 (105.5%), from its committed
     results; the batch-8 row below the bound is not flagged."""
     path = Path(__file__).parents[2] / "bench/results/gpu-2026-12-01/bench-decode/bench/decode/results.json"
     rows = {line.split(" | ")[0]: line for line in _decode_rows(json.loads(path.read_text()), "")}
@@ -229,7 +229,7 @@ def test_batch_above_its_bound_is_flagged():
 
 
 def test_merged_table_names_batches_a_part_did_not_measure(tmp_path):
-    """Session 21's make bench on the H200 (committed results): the MTP part ran out of memory after its
+    """The 2026-12-02 make bench on the H200 (committed results): the MTP part ran out of memory after its
     batches 1 and 8, so the merged table says batches 32 and 64 were not measured; the decode part, which
     measured all four, says nothing. Old parts without "batches" are read from their command."""
     root = Path(__file__).parents[2] / "bench/results/gpu-2026-12-02"
@@ -249,7 +249,7 @@ def test_merged_table_names_batches_a_part_did_not_measure(tmp_path):
 
 
 def test_a_part_completed_by_a_later_run(tmp_path):
-    """Session 22 on the H200 (committed results): session 21's MTP part ended after batches 1 and 8, and a
+    """A later 2026-12-02 run on the H200 (committed results): the first run's MTP part ended after batches 1 and 8, and a
     run of batches 32 and 64 alone completed it. `--merge` reads the second from DIR/mtp-2: the table lists
     both runs with the batches each gave, has all four batches' MTP rows, and says nothing is missing."""
     root = Path(__file__).parents[2] / "bench/results/gpu-2026-12-02"

@@ -311,7 +311,7 @@ def test_cancelled_stream_frees_its_blocks(server):
 
 def test_cancelled_unary_call_frees_its_blocks(server):
     """A unary call (ensemble_unary: inkling answers once, at the end) cancelled by its client: the BLS
-    notices while it waits and aborts inkling's request, long before its LONG tokens. (Until session 13
+    notices while it waits and aborts inkling's request, long before its LONG tokens. (Before 2026-12-01
     a known gap: the BLS's exec() returns on inkling's first response, which unstreamed was the answer at
     the end, so nothing polled the cancel; inkling now sends an empty response first when asked.)"""
     stat = lambda: metrics(server)['inkling_engine_stats{stat="generated_tokens"}']  # noqa: E731

@@ -147,7 +147,7 @@ def test_triton_matches_reference(T):
 
 
 def _capped_table() -> str:
-    """A prefill config with both GEMMs register-capped (maxnreg: two 8-warp programs an SM; session 17's
+    """A prefill config with both GEMMs register-capped (maxnreg: two 8-warp programs an SM; the 2026-12-01 prefill tuning's
     candidate, slower on the H200 in s18), as a one-bucket table."""
     g = {"block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128}
     cfg = {"block_m": 128, "shared": "torch", "gemm1": g, "gemm2": dict(g)}

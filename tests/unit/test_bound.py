@@ -41,7 +41,7 @@ def test_bytes_per_gpu_under_tensor_parallelism():
 
 def test_batch_bound_counts_the_experts_a_batch_touches():
     """Batch 1 is the one-token bound; at 32 distinct tokens inkling-bench's layers touch ~136 of 256 experts
-    (uniform routing), and the step's bound is 8.9 ms (BENCHMARKS, run 15)."""
+    (uniform routing), and the step's bound is 8.9 ms (bench/results/history.md, end-to-end run 15)."""
     c = preset("inkling-bench")
     assert decode_batch_seconds(c, 8256, 1) == pytest.approx(decode_step_bytes(c, 8256).seconds)
     assert expected_distinct_experts(c, 1) == pytest.approx(6)
