@@ -21,9 +21,8 @@ import time
 
 import torch
 
-import runtime.engine as runtime_engine
 from inkling.tokenizer import load_tokenizer
-from runtime.speculative import AcceptanceStats
+from runtime.speculative import AcceptanceStats, draft_every_step, next_num_drafts
 from train import SMALL_CHECKPOINT
 from train.data import Mixture
 
@@ -60,17 +59,13 @@ def measure(llm, prompts, k: int, max_tokens: int, fixed: bool) -> tuple[dict, l
     from runtime import SamplingParams
     from runtime.engine import PromptInput
 
-    llm.engine.acceptance = AcceptanceStats()
-    policy = runtime_engine.next_num_drafts
-    if fixed:
-        runtime_engine.next_num_drafts = lambda stats, requested: requested
-    try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k)
-        t0 = time.perf_counter()
-        outs = llm.generate([PromptInput(torch.tensor(p)) for p in prompts], params)
-        seconds = time.perf_counter() - t0
-    finally:
-        runtime_engine.next_num_drafts = policy
+    spec = llm.engine.spec
+    spec.acceptance = AcceptanceStats()
+    spec.draft_policy = draft_every_step if fixed else next_num_drafts
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k)
+    t0 = time.perf_counter()
+    outs = llm.generate([PromptInput(torch.tensor(p)) for p in prompts], params)
+    seconds = time.perf_counter() - t0
     acc = llm.engine.acceptance
     stats = {
         "mean_acceptance_length": acc.mean_acceptance_length if acc.steps else 1.0,

@@ -47,6 +47,7 @@ from builder import BuildConfig, PluginConfig, build
 from inkling.model import InklingReference
 from inkling.synth import iter_synthetic_tensors, synth_config
 from runtime import LLM, PromptInput, SamplingParams
+from runtime.speculative import draft_every_step
 
 from .bound import decode_batch_seconds, decode_step_bytes, prefill_flops
 from .profiling import write_profile
@@ -245,16 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(results, f, indent=2)
 
-    import runtime.engine
-
-    policy = runtime.engine.next_num_drafts
-    if args.fixed_drafts:
-        runtime.engine.next_num_drafts = lambda stats, requested: requested
-    try:
-        if not args.peers_only:
-            measure_engine(args, config, results, save)  # the engine is freed on return
-    finally:
-        runtime.engine.next_num_drafts = policy
+    if not args.peers_only:
+        measure_engine(args, config, results, save)  # the engine is freed on return
     if args.device == "cuda":
         torch.cuda.empty_cache()
     results["reference"] = {}
@@ -471,6 +464,8 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
         # runner (its own KV caches) beside this one, and its cache artifacts matter only for a later load.
         engine.config["build_config"]["compile"] = True
     llm = LLM(engine, cuda_graphs=args.cuda_graphs)
+    if args.fixed_drafts:
+        llm.engine.spec.draft_policy = draft_every_step
     if args.eager_pick:
         llm.engine.runner.draft_graphs = None
     prompts = tier_prompts(tokenizer, config.token_id("bos"), args.prompt_len)

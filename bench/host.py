@@ -34,9 +34,9 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-import runtime.engine
 from builder import Engine
 from runtime import LLMEngine, PromptInput, SamplingParams
+from runtime.speculative import draft_every_step
 
 
 class Clock:
@@ -240,24 +240,17 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine.from_dir(args.engine)
     on_cuda = engine.config["build_config"]["device"] == "cuda"
     replay = args.replay and not on_cuda  # on the GPU the programs are graph replays already
-    # Draft every step: synthetic heads accept nothing, so the adaptive policy would stop drafting.
-    policy, runtime.engine.next_num_drafts = (
-        runtime.engine.next_num_drafts,
-        lambda stats, requested: requested,
-    )
     results = []
-    try:
-        llm = LLMEngine(engine, pad_eager=not on_cuda, overlap=False)
-        for batch in args.batch:
-            for drafts in args.drafts:
-                row = measure(llm, batch, drafts, args.steps, args.prompt_len, False, replay)
-                row["ops_per_step"] = measure(llm, batch, drafts, 4, args.prompt_len, True, replay)[
-                    "ops_per_step"
-                ]
-                results.append(row)
-                print(json.dumps(row), file=sys.stderr)
-    finally:
-        runtime.engine.next_num_drafts = policy
+    llm = LLMEngine(engine, pad_eager=not on_cuda, overlap=False)
+    llm.spec.draft_policy = draft_every_step  # synthetic heads accept nothing: the adaptive policy would stop
+    for batch in args.batch:
+        for drafts in args.drafts:
+            row = measure(llm, batch, drafts, args.steps, args.prompt_len, False, replay)
+            row["ops_per_step"] = measure(llm, batch, drafts, 4, args.prompt_len, True, replay)[
+                "ops_per_step"
+            ]
+            results.append(row)
+            print(json.dumps(row), file=sys.stderr)
     with open(os.path.join(args.out, "host.json"), "w") as f:
         json.dump(
             {"engine": args.engine, "device": "cuda" if on_cuda else "cpu", "results": results}, f, indent=1

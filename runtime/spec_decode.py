@@ -35,6 +35,9 @@ class SpeculativeDecoder:
         self.max_draft_len = max_draft_len
         self.num_real_tokens = num_real_tokens
         self.acceptance = AcceptanceStats()  # over every MTP step of the engine's life
+        # How many drafts a sequence's next step makes (stats, requested) -> n: the adaptive policy, or
+        # speculative.draft_every_step where a benchmark wants every step to draft.
+        self.draft_policy = next_num_drafts
 
     # Verification.
     def verify_probs(
@@ -142,7 +145,9 @@ class SpeculativeDecoder:
             num_drafts = 0
             if not seq.is_prefill:  # the next step feeds one token: draft behind it
                 remaining = seq.params.max_tokens - len(seq.output_ids) - 1
-                num_drafts = min(next_num_drafts(state.acceptance, requested), remaining, self.max_draft_len)
+                num_drafts = min(
+                    self.draft_policy(state.acceptance, requested), remaining, self.max_draft_len
+                )
             work.append(HeadWork(seq, seq.num_computed, start, rows, requested, max(num_drafts, 0), offset))
         drafts = self.runner.run_heads(work)
         for w, d in zip(work, drafts):

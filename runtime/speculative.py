@@ -164,6 +164,12 @@ class AcceptanceStats:
         return [a / p if p else 0.0 for a, p in zip(self.accepted, self.proposed)]
 
 
+def draft_every_step(stats: AcceptanceStats, requested: int) -> int:
+    """A draft policy that always drafts what the request asks (benchmarks of the cost side: synthetic heads
+    accept nothing, so the adaptive policy would stop drafting)."""
+    return requested
+
+
 def next_num_drafts(
     stats: AcceptanceStats,
     requested: int,
