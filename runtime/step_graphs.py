@@ -51,9 +51,7 @@ import torch
 from builder.contracts import HEAD, HEAD_PICK, STEP, RaggedArgs
 
 FLAT_ALIGN = 64  # bytes: each ragged buffer's offset in its bucket's flat buffer (kernels assume 16)
-WARMUP_RUNS = (
-    3  # eager runs on a side stream before a program's first capture (Triton compiles, cuBLAS handles)
-)
+WARMUP_RUNS = 3  # eager runs on a side stream before a capture (Triton compiles, cuBLAS handles)
 
 
 def q_buckets(max_tokens_per_seq: int) -> tuple[int, ...]:
@@ -496,9 +494,7 @@ class StepGraphs:
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
-                    # Later captures meet kernels already compiled, except at new tile choices, which the
-                    # one run compiles.
-                    for _ in range(WARMUP_RUNS if self.stats.captures == 0 else 1):
+                    for _ in range(WARMUP_RUNS):
                         warm = _as_tuple(self.program(*static))
                 torch.cuda.current_stream().wait_stream(side)
                 shared = self._shared_outputs(warm)

@@ -11,7 +11,7 @@ from bench.e2e import _decode_rows, _requested_batches, main, user_prompts, writ
 def test_e2e_benchmark_parts_and_merge(tmp_path):
     """`make bench`'s three parts (Makefile: bench-decode, bench-mtp, bench-peers) in the CPU smoke shape,
     then `--merge` into one table and plot."""
-    import runtime.engine
+    import runtime.spec_decode
 
     common = ["--preset", "inkling-tiny", "--device", "cpu"]
     # the decode part (profiled here too)
@@ -34,12 +34,12 @@ def test_e2e_benchmark_parts_and_merge(tmp_path):
     # the MTP part: the preset's heads are synthesized; random heads accept little, so tokens per step stay
     # near 1 (acceptance length >= 1 by the bonus token). --fixed_drafts keeps drafting (the adaptive policy
     # restored afterwards), with a draft vocabulary.
-    policy = runtime.engine.next_num_drafts
+    policy = runtime.spec_decode.next_num_drafts
     argv = [*common, "--prompt_len", "64", "--output_len", "10", "--batches", "2", "--num_draft_tokens", "2",
             "--fixed_drafts", "--draft_vocab_size", "100", "--reference_peers", "", "--temperature", "1",
             "--out", str(tmp_path / "mtp")]  # fmt: skip
     assert main(argv) == 0
-    assert runtime.engine.next_num_drafts is policy
+    assert runtime.spec_decode.next_num_drafts is policy
     m = json.loads((tmp_path / "mtp" / "results.json").read_text())
     d = m["decode"]["2"]
     assert d["tokens_per_request"] == 10 and 1.0 <= d["acceptance_length"] <= 3.0
@@ -131,14 +131,14 @@ def test_host_benchmark_smoke(engine_f32, tmp_path):
     graph inputs keep a decode step's launches outside the program to a handful whatever the batch (the
     NumPy-built inputs, one copy into the bucket, the output copies); the count would grow with the
     batch again if the inputs were built or padded by torch calls a sequence."""
-    import runtime.engine
+    import runtime.spec_decode
     from bench.host import main as host_main
 
-    policy = runtime.engine.next_num_drafts
+    policy = runtime.spec_decode.next_num_drafts
     argv = ["--engine", str(engine_f32[1]), "--batch", "1", "3", "--drafts", "0", "2", "--steps", "3",
             "--out", str(tmp_path)]  # fmt: skip
     assert host_main(argv) == 0
-    assert runtime.engine.next_num_drafts is policy
+    assert runtime.spec_decode.next_num_drafts is policy
     rows = {(r["batch"], r["drafts"]): r for r in json.loads((tmp_path / "host.json").read_text())["results"]}
     assert set(rows) == {(1, 0), (1, 2), (3, 0), (3, 2)}
     for (_, drafts), r in rows.items():
