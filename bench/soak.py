@@ -12,6 +12,7 @@ slot free, no request state. A figure, not a test (tests/e2e/test_soak.py is the
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -27,6 +28,15 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def trim() -> None:
+    """Give the C allocator's free memory back to the system (glibc malloc_trim), so that resident memory
+    reads what is live rather than what the allocator keeps for reuse."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
 
 
 def leftovers(llm: LLM) -> dict[str, int]:
@@ -63,7 +73,9 @@ def workload(rng: random.Random, n: int, vocab: int, drafts: int) -> list[tuple[
     return out
 
 
-def soak(llm: LLM, requests: int, batch: int, seed: int = 0, every: int = 1000, log=print) -> dict:
+def soak(
+    llm: LLM, requests: int, batch: int, seed: int = 0, every: int = 1000, log=print, trimmed: bool = False
+) -> dict:
     rng = random.Random(seed)
     vocab = min(llm.engine.num_real_tokens, 1000)
     drafts = min(2, llm.engine.runner.num_heads)
@@ -77,6 +89,8 @@ def soak(llm: LLM, requests: int, batch: int, seed: int = 0, every: int = 1000, 
         done += n
         if done % every < n or done == requests:
             gc.collect()
+            if trimmed:
+                trim()
             left = leftovers(llm)
             samples.append(
                 {"requests": done, "rss_mb": rss_mb(), "seconds": time.perf_counter() - t0, **left}
@@ -86,6 +100,7 @@ def soak(llm: LLM, requests: int, batch: int, seed: int = 0, every: int = 1000, 
     return {
         "requests": requests,
         "batch": batch,
+        "trimmed": trimmed,
         "samples": samples,
         "rss_after_warmup_mb": after_warmup[0],
         "rss_final_mb": samples[-1]["rss_mb"],
@@ -105,9 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="build/soak")
+    p.add_argument(
+        "--trim",
+        action="store_true",
+        help="malloc_trim before each reading: live memory, not the allocator's",
+    )
     args = p.parse_args(argv)
     llm = LLM(args.engine)
-    result = soak(llm, args.requests, args.batch, args.seed)
+    result = soak(llm, args.requests, args.batch, args.seed, trimmed=args.trim)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -14,10 +14,8 @@ with an error; the others and the engine go on (`_fail`, `_isolate`).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 from tokenizers import Tokenizer
@@ -32,25 +30,16 @@ from .outputs import OutputProcessor, RequestState, StreamDelta
 from .overlap import LaunchedStep, make_picks, successor, takes_pick
 from .params import SamplingParams
 from .prefix_cache import PrefixCache
-from .sampler import make_generator, sample
+from .requests import Admission, PromptInput
+from .sampler import sample
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 from .spec_decode import SpeculativeDecoder
 
 __all__ = ["LLMEngine", "PromptInput", "StreamDelta"]
 
-DRAFT_SEED_SALT = 0x5DEECE66D  # a request's MTP rejection-sampling generator: its seed XOR this
 MAX_FAILURES = 3  # failed batches a request may be in before it is ended, though it never failed alone
 log = logging.getLogger("runtime.engine")
-
-
-@dataclass
-class PromptInput:
-    """A processed prompt: token ids, and the embeddings of its image/audio pad tokens (in order)."""
-
-    input_ids: torch.Tensor  # [T] int64
-    mm_embeds: torch.Tensor | None = None  # [M, H]
-    mm_positions: torch.Tensor | None = None  # [M] positions in input_ids
 
 
 class LLMEngine:
@@ -94,9 +83,11 @@ class LLMEngine:
         self.spec = SpeculativeDecoder(self.runner, self.blocks, bc.max_draft_len, self.num_real_tokens)
         self.stats = EngineStats()
         self.outputs = OutputProcessor(self.tokenizer, eos_ids, self.stats)
+        self.admission = Admission(
+            self.config, bc, self.blocks, self.scheduler.chunk_size, self.runner.num_heads, self.runner.device,
+            self.outputs, seed,
+        )  # fmt: skip
         self.requests: dict[str, RequestState] = {}
-        self.seed = seed
-        self.num_requests = 0
         self._inflight: LaunchedStep | None = None  # an overlapped step not yet completed
         self._held: list[StreamDelta] = []  # deltas of a step completed outside `step` (see `_drain`)
 
@@ -104,53 +95,13 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        ids = prompt.input_ids.tolist()
-        self.validate(ids, params, prompt)
-        positions = prompt.mm_positions.tolist() if prompt.mm_positions is not None else []
-        embeds = prompt.mm_embeds
-        digests = {}
-        if positions:
-            rows = embeds.detach().to("cpu", torch.float32).contiguous()
-            digests = {p: hashlib.sha256(rows[i].numpy().tobytes()).digest() for i, p in enumerate(positions)}
-        seq = Sequence(request_id, ids, params, positions, embeds, digests)
-        seq.head_computed = [0] * min(params.num_draft_tokens, self.runner.num_heads)
-        seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + self.num_requests) % 2**63
-        self.num_requests += 1
-        generator = None if params.greedy else make_generator(seed, self.runner.device)
-        draft_generator = None  # a stream of its own: the same seed would correlate it with `generator`
-        if not params.greedy and params.num_draft_tokens:
-            draft_generator = make_generator(seed ^ DRAFT_SEED_SALT)
-        detok = self.outputs.new_detokenizer()
-        self.requests[request_id] = RequestState(seq, detok, generator, draft_generator)
-        self.scheduler.add(seq)
+        state = self.admission.admit(request_id, prompt, params)
+        self.requests[request_id] = state
+        self.scheduler.add(state.seq)
 
     def validate(self, ids: list[int], params: SamplingParams, prompt: PromptInput) -> None:
         """Raise ValueError with a clear message for a request this engine cannot serve."""
-        bc = self.build
-        if not ids:
-            raise ValueError("empty prompt")
-        if len(ids) > bc.max_input_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens, the engine's max_input_len is {bc.max_input_len}"
-            )
-        if len(ids) + params.max_tokens > bc.max_seq_len:
-            raise ValueError(
-                f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) exceeds the engine's max_seq_len {bc.max_seq_len}"
-            )
-        if min(ids) < 0 or max(ids) >= self.config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
-        need = self.blocks.peak_blocks(len(ids) + params.max_tokens, min(self.scheduler.chunk_size, len(ids)))
-        if need > self.blocks.num_blocks:
-            raise ValueError(f"request needs {need} cache blocks, the pool has {self.blocks.num_blocks}")
-        m = 0 if prompt.mm_positions is None else len(prompt.mm_positions)
-        if m != (0 if prompt.mm_embeds is None else prompt.mm_embeds.shape[0]):
-            raise ValueError("mm_embeds and mm_positions disagree in length")
-        if params.num_draft_tokens > self.runner.num_heads:
-            raise ValueError(
-                f"num_draft_tokens {params.num_draft_tokens} exceeds this engine's {self.runner.num_heads} MTP "
-                f"heads (the model's {self.config.num_mtp_heads}, at most max_draft_len "
-                f"{self.build.max_draft_len}; none if built without heads)"
-            )
+        self.admission.validate(ids, params, prompt)
 
     def try_add_request(
         self, request_id: str, prompt: PromptInput, params: SamplingParams
@@ -414,18 +365,4 @@ class LLMEngine:
 
     def metrics(self) -> dict[str, float]:
         """Latency means over the engine's life (time to first token, inter-token latency), cache usage."""
-        usage = self.blocks.usage()
-        acc = self.acceptance
-        out = {
-            "mean_ttft_s": self.stats.ttft.mean,
-            "mean_itl_s": self.stats.itl.mean,
-            "cache_usage": usage["used_blocks"] / usage["total_blocks"],
-            "generated_tokens": self.stats.generated_tokens,
-            "preemptions": self.scheduler.num_preemptions,
-            "failed_requests": self.stats.failed_requests,
-            "mean_acceptance_length": acc.mean_acceptance_length if acc.steps else 1.0,
-            "acceptance_rate": acc.acceptance_rate,
-        }
-        for i, rate in enumerate(acc.acceptance_rates):
-            out[f"acceptance_rate_{i + 1}"] = rate
-        return out
+        return self.stats.summary(self.blocks.usage(), self.scheduler.num_preemptions, self.acceptance)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from .speculative import AcceptanceStats
+
 # Seconds; the bounds vLLM's histograms use for time to first token and inter-token latency, so a
 # dashboard built for them reads ours alike.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -64,6 +66,26 @@ class EngineStats:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+
+    def summary(
+        self, usage: dict[str, int], preemptions: int, acceptance: AcceptanceStats
+    ) -> dict[str, float]:
+        """LLMEngine.metrics: latency means, cache usage (the BlockManager's `usage()`), preemptions,
+        failures, and MTP acceptance over the engine's life, per draft position too."""
+        acc = acceptance
+        out = {
+            "mean_ttft_s": self.ttft.mean,
+            "mean_itl_s": self.itl.mean,
+            "cache_usage": usage["used_blocks"] / usage["total_blocks"],
+            "generated_tokens": self.generated_tokens,
+            "preemptions": preemptions,
+            "failed_requests": self.failed_requests,
+            "mean_acceptance_length": acc.mean_acceptance_length if acc.steps else 1.0,
+            "acceptance_rate": acc.acceptance_rate,
+        }
+        for i, rate in enumerate(acc.acceptance_rates):
+            out[f"acceptance_rate_{i + 1}"] = rate
+        return out
 
     def counters(self) -> dict[str, float]:
         """The counters (no histograms), as cache_stats reports them."""

@@ -22,7 +22,7 @@ class Prompt:
 
 class EngineRunner:
     def __init__(self, engine: Engine, compile: bool | None = None, device: str | None = None):
-        self.runner = ModelRunner(engine, device=device, compile=compile)
+        self.runner = ModelRunner(engine, device=device, cuda_graphs=False, compile=compile)
         self.engine, self.config, self.build = engine, engine.model_config, engine.build_config
         self.device, self.dtype = self.runner.device, self.runner.dtype
 
