@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     eng = LLMEngine(engine, cuda_graphs=False, overlap=False)
     runner = eng.runner
     runner.step = step = Recorder(runner.step)
-    runner.head = head = Recorder(runner.head)
+    # The drafter runs the head program it was given (runtime/drafter.py Heads), not the runner's attribute.
+    runner.head = runner.drafter.heads.program = head = Recorder(runner.head)
     g = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(11, config.vocab_size - 1, (args.context,), generator=g)
     eng.add_request(

@@ -84,7 +84,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self.outputs = OutputProcessor(self.tokenizer, eos_ids, self.stats)
         self.admission = Admission(
-            self.config, bc, self.blocks, self.scheduler.chunk_size, self.runner.num_heads, self.runner.device,
+            self.config, bc, self.blocks, self.scheduler, self.runner.num_heads, self.runner.device,
             self.outputs, seed,
         )  # fmt: skip
         self.requests: dict[str, RequestState] = {}

@@ -15,6 +15,7 @@ from .block_manager import BlockManager
 from .outputs import OutputProcessor, RequestState
 from .params import SamplingParams
 from .sampler import make_generator
+from .scheduler import Scheduler
 from .sequence import Sequence
 
 DRAFT_SEED_SALT = 0x5DEECE66D  # a request's MTP rejection-sampling generator: its seed XOR this
@@ -35,13 +36,13 @@ class Admission:
         config: InklingConfig,
         build: BuildConfig,
         blocks: BlockManager,
-        chunk_size: int,
+        scheduler: Scheduler,
         num_heads: int,
         device: torch.device,
         outputs: OutputProcessor,
         seed: int = 0,
     ):
-        self.config, self.build, self.blocks, self.chunk_size = config, build, blocks, chunk_size
+        self.config, self.build, self.blocks, self.scheduler = config, build, blocks, scheduler
         self.num_heads, self.device, self.outputs, self.seed = num_heads, device, outputs, seed
         self.num_requests = 0
 
@@ -60,7 +61,8 @@ class Admission:
             )
         if min(ids) < 0 or max(ids) >= c.vocab_size:
             raise ValueError(f"token ids must lie in [0, {c.vocab_size})")
-        need = self.blocks.peak_blocks(len(ids) + params.max_tokens, min(self.chunk_size, len(ids)))
+        # The scheduler's chunk size is read now: it may change after the engine starts.
+        need = self.blocks.peak_blocks(len(ids) + params.max_tokens, min(self.scheduler.chunk_size, len(ids)))
         if need > self.blocks.num_blocks:
             raise ValueError(f"request needs {need} cache blocks, the pool has {self.blocks.num_blocks}")
         m = 0 if prompt.mm_positions is None else len(prompt.mm_positions)

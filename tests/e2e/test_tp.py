@@ -96,9 +96,9 @@ def generate(llm: LLM) -> tuple[list[list[int]], list[torch.Tensor]]:
     logits = record_logits(llm)
     outs = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
     stats = llm.engine.stats
-    before = stats["prefill_tokens"]
+    before = stats.prefill_tokens
     again = llm.generate(PROMPTS[:2], GREEDY)
-    assert stats["prefill_tokens"] - before < sum(o.prompt_tokens for o in again)  # cached blocks were reused
+    assert stats.prefill_tokens - before < sum(o.prompt_tokens for o in again)  # cached blocks were reused
     return outs + [o.token_ids for o in again], logits
 
 

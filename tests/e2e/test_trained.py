@@ -51,7 +51,7 @@ def test_trained_heads_get_drafts_accepted(small):
     llm, _, tok = small
     prompts = [PromptInput(torch.tensor(ids)) for ids in task_prompts(tok, "count", 3, seed=3)]
     plain = llm.generate(prompts, SamplingParams(max_tokens=24))
-    llm.engine.acceptance = AcceptanceStats()  # count these requests' steps only
+    llm.engine.spec.acceptance = AcceptanceStats()  # count these requests' steps only
     spec = llm.generate(prompts, SamplingParams(max_tokens=24, num_draft_tokens=3))
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     # Counting is what the heads learned best (bench/acceptance.py: 3.9 of 4 tokens per step at k=3);
