@@ -1,0 +1,182 @@
+"""A BF16 checkpoint of the real Inkling in, the published NVFP4 layout out (INKLING_SERVING.md §2).
+
+    python -m convert.published --model_dir BF16_DIR --output_dir NVFP4_DIR [--quantize_first_moe]
+                                [--calibration_prompts N] [--workers N] [--force]
+
+What the published Inkling-NVFP4 holds, and what this writes: the routed experts of every MoE layer but
+the first, as stacks over the experts (`mlp.experts.w13_weight` with gate/up rows still interleaved,
+`mlp.experts.w2_weight`) of U8 E2M1 codes with `.scale` (E4M3, one per 16 inputs), `.scale2` (F32, one
+global scale per expert, shared by gate and up), `.input_amax` (the layer's raw calibrated activation
+amax, BF16 [1]) and `.original_shape` (I64 [3]); hf_quant_config.json in ModelOpt's nested form with the
+unquantized modules in exclude_modules; everything else copied byte for byte. Each expert's weight is
+quantized by ModelOpt (`inkling.nvfp4.quantize`), one expert at a time.
+
+Calibration runs transformers' model on built-in text (CPU, float32) and records, per MoE layer, the
+amax of the routed experts' input and of their intermediate activation over the tokens routed to them.
+Without it (`--calibration_prompts 0`), input_amax is 6 x 448: ModelOpt's input scale 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator
+
+import torch
+from tqdm import tqdm
+
+from inkling import nvfp4
+from inkling.checkpoint import CheckpointError, ShardedWriter
+from inkling.published.checkpoint import PublishedCheckpoint
+from inkling.published.config import InklingConfig, QuantConfig
+from inkling.published.layout import checkpoint_tensors, published_exclude_modules
+
+from . import output
+from .calibrate import CALIBRATION_TEXTS, MAX_PROMPT_TOKENS
+from .errors import ConvertError
+from .quantize import modelopt_version
+
+UNCALIBRATED_AMAX = nvfp4.E2M1_MAX * nvfp4.E4M3_MAX
+DEFAULT_PROMPTS = 8
+_SIDE_FILES_SKIP = {"config.json", "hf_quant_config.json", "model.safetensors.index.json", "README.md"}
+
+
+def quantized_config(config: InklingConfig, quantize_first_moe: bool = False) -> InklingConfig:
+    exclude = published_exclude_modules(config)
+    if quantize_first_moe:
+        exclude = tuple(m for m in exclude if not m.endswith(".mlp.experts"))
+    return config.replace(quant=QuantConfig(exclude_modules=exclude))
+
+
+def quantize_stack(stack: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """[E, rows, cols] BF16 -> (suffix, tensor) of the codes and block scales (stacked), and scale2 [E]."""
+    parts = [nvfp4.quantize(stack[e]) for e in range(stack.shape[0])]
+    yield "", torch.stack([p[0] for p in parts])
+    yield ".scale", torch.stack([p[1] for p in parts])
+    yield ".scale2", torch.stack([p[2].reshape(()) for p in parts])
+
+
+def dequantize_stack(codes: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor) -> torch.Tensor:
+    """The stack's weight in float32 [E, rows, cols]: each expert by `inkling.nvfp4.dequantize`."""
+    return torch.stack([nvfp4.dequantize(codes[e], scale[e], scale2[e]) for e in range(codes.shape[0])])
+
+
+def calibrate(model_dir: str, config: InklingConfig, num_prompts: int) -> dict[str, float]:
+    """`model.llm.layers.L.mlp.experts.{w13,w2}_weight` -> the raw activation amax of its input."""
+    import transformers
+
+    from inkling.tokenizer import load_tokenizer
+
+    model = transformers.InklingForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch.float32
+    ).eval()
+    amax: dict[str, float] = {}
+
+    def hook_for(layer: int, experts):
+        name = f"model.llm.layers.{layer}.mlp.experts"
+
+        def hook(_module, args) -> None:
+            x, idx = args[0], args[1]
+            amax[f"{name}.w13_weight"] = max(amax.get(f"{name}.w13_weight", 0.0), float(x.abs().max()))
+            inter = amax.get(f"{name}.w2_weight", 0.0)
+            for e in idx.unique().tolist():
+                rows = (idx == e).any(dim=-1)
+                gate, up = torch.nn.functional.linear(x[rows], experts.gate_up_proj[e]).chunk(2, dim=-1)
+                inter = max(inter, float((torch.nn.functional.silu(gate) * up).abs().max()))
+            amax[f"{name}.w2_weight"] = inter
+
+        return hook
+
+    layers = model.model.language_model.layers
+    handles = [
+        layers[i].mlp.experts.register_forward_pre_hook(hook_for(i, layers[i].mlp.experts))
+        for i in range(config.text.num_hidden_layers)
+        if config.experts_quantized(i)
+    ]
+    try:
+        tok = load_tokenizer(model_dir)
+    except FileNotFoundError as e:
+        raise ConvertError(
+            f"calibration needs the checkpoint's tokenizer: {e} (or --calibration_prompts 0)"
+        ) from e
+    media = {config.image_token_id, config.audio_token_id}  # placeholders would ask for media not given
+    with torch.no_grad():
+        for text in CALIBRATION_TEXTS[:num_prompts]:  # no BOS: the real tokenizer prepends nothing
+            ids = [t for t in tok.encode(text).ids if t not in media][:MAX_PROMPT_TOKENS]
+            model(input_ids=torch.tensor([ids]))
+    for h in handles:
+        h.remove()
+    return amax
+
+
+def convert(
+    model_dir: str,
+    output_dir: str,
+    *,
+    quantize_first_moe: bool = False,
+    calibration_prompts_n: int = DEFAULT_PROMPTS,
+    force: bool = False,
+    progress: bool = False,
+) -> InklingConfig:
+    """Write the NVFP4 checkpoint of the BF16 one at `model_dir`; returns its config."""
+    model_dir, output_dir = os.path.abspath(model_dir), os.path.abspath(output_dir)
+    output.check_output_path(model_dir, output_dir, force)
+    try:
+        reader = PublishedCheckpoint(model_dir)
+    except CheckpointError as e:
+        raise ConvertError(str(e)) from e
+    with reader:
+        if reader.config.is_quantized:
+            raise ConvertError(f"{model_dir} is already quantized (it has hf_quant_config.json)")
+        if reader.config.dtype != "bfloat16":
+            raise ConvertError(
+                f"{model_dir} is {reader.config.dtype}; the published NVFP4 layout starts from BF16"
+            )
+        config = quantized_config(reader.config, quantize_first_moe)
+        amax = calibrate(model_dir, config, calibration_prompts_n) if calibration_prompts_n else {}
+        plan = checkpoint_tensors(config)
+        with output.atomic_output_dir(output_dir, force) as tmp:
+            config.save(tmp, modelopt_version())
+            output.copy_side_files(model_dir, tmp, _SIDE_FILES_SKIP)
+            with ShardedWriter(tmp, plan) as writer:
+                for name in tqdm(reader.keys(), disable=not progress, desc="convert"):
+                    tensor = reader.get(name)
+                    if plan[name][1] != torch.uint8:
+                        writer.write(name, tensor)
+                        continue
+                    for suffix, t in quantize_stack(tensor):
+                        writer.write(name + suffix, t)
+                    writer.write(
+                        f"{name}.input_amax",
+                        torch.tensor([amax.get(name, UNCALIBRATED_AMAX)], dtype=torch.bfloat16),
+                    )
+                    writer.write(
+                        f"{name}.original_shape", torch.tensor(list(tensor.shape), dtype=torch.int64)
+                    )
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model_dir", required=True)
+    ap.add_argument("--output_dir", required=True)
+    ap.add_argument("--quantize_first_moe", action="store_true",
+                    help="also quantize the first MoE layer's experts (the published file keeps them BF16)")  # fmt: skip
+    ap.add_argument("--calibration_prompts", type=int, default=DEFAULT_PROMPTS)
+    ap.add_argument("--force", action="store_true")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        convert(args.model_dir, args.output_dir, quantize_first_moe=args.quantize_first_moe,
+                calibration_prompts_n=args.calibration_prompts, force=args.force, progress=True)  # fmt: skip
+    except (ConvertError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"[convert] {args.output_dir} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
