@@ -119,4 +119,52 @@ def _(
     return torch.empty_like(q)
 
 
-__all__ = ["SPEC", "KV_WRITE_SPEC", "kv_cache_write", "sheared_bias_attention"]
+BANK_SPEC = register(
+    PluginSpec(
+        name="bank_attention",
+        version=1,
+        impls=("reference",),
+        doc="the real Inkling's paged GQA attention: q/k normed, 1/D, the layer's shared relative bank "
+        "(zero beyond its extent), log scaling; its Triton kernel comes with the attention issue",
+    )
+)
+
+
+@torch.library.custom_op("inkling::bank_attention", mutates_args=())
+def bank_attention(
+    q: torch.Tensor,
+    r: torch.Tensor,
+    bank: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seqlen_q: int,
+    window: int,
+    scale: float,
+    log_floor: int,
+    log_alpha: float,
+    impl: str,
+) -> torch.Tensor:
+    """bank_attention(q [T, Hq, D], r [T, Hq, d_rel], bank [d_rel, X], key_cache, value_cache, block_table,
+    cu_seqlens_q, seq_lens, max_seqlen_q, window (0: full), scale, log_floor (0: none), log_alpha, impl)."""
+    if impl == "triton":
+        raise NotImplementedError(
+            "inkling::bank_attention has no Triton kernel yet for the real model (the attention issue); "
+            "build with --impl bank_attention=reference"
+        )
+    check_impl(BANK_SPEC.name, impl)
+    return reference.bank_attention(
+        q, r, bank, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window, scale,
+        log_floor, log_alpha,
+    )  # fmt: skip
+
+
+@bank_attention.register_fake
+def _(q, r, bank, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window, scale,
+      log_floor, log_alpha, impl):  # fmt: skip
+    return torch.empty_like(q)
+
+
+__all__ = ["SPEC", "KV_WRITE_SPEC", "BANK_SPEC", "kv_cache_write", "sheared_bias_attention", "bank_attention"]

@@ -76,3 +76,54 @@ def sheared_bias_attention(
         q_pos = torch.arange(first, seq_len, device=q.device) - lo
         out[start:end] = relative_attention(q[start:end], k, v, r[start:end], rel_embed, window, q_pos=q_pos)
     return out
+
+
+def bank_attention(
+    q: torch.Tensor,  # [T, Hq, D], after q_norm
+    r: torch.Tensor,  # [T, Hq, d_rel]
+    bank: torch.Tensor,  # [d_rel, X]: the layer's relative bank, shared by its heads
+    key_cache: torch.Tensor,  # [NB, BS, Hkv, D]
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,  # int32 [B, MB]
+    cu_seqlens_q: torch.Tensor,  # int32 [B + 1]
+    seq_lens: torch.Tensor,  # int32 [B]
+    max_seqlen_q: int,
+    window: int,  # 0: full attention
+    scale: float,
+    log_floor: int,  # 0: no log scaling
+    log_alpha: float,
+) -> torch.Tensor:
+    """The real Inkling's attention (INKLING_SPEC §3.4) per sequence over its paged keys: only the
+    positions its queries may see are gathered, so blocks freed behind a window are never read."""
+    from inkling.published.ops import bank_attention as attend
+
+    out = torch.zeros_like(q)
+    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    for b, seq_len in enumerate(lens):
+        start, end = cu[b], cu[b + 1]
+        if end - start > max_seqlen_q:
+            raise ValueError(
+                f"sequence {b} has {end - start} new tokens, more than max_seqlen_q={max_seqlen_q}"
+            )
+        if end == start:
+            continue
+        first = seq_len - (end - start)
+        lo = max(0, first - window + 1) if window > 0 else 0
+        k_pos = torch.arange(lo, seq_len, device=q.device)
+        k = gather_kv(key_cache, block_table[b], k_pos)
+        v = gather_kv(value_cache, block_table[b], k_pos)
+        q_pos = torch.arange(first, seq_len, device=q.device)
+        out[start:end] = attend(
+            q[start:end],
+            k,
+            v,
+            r[start:end],
+            bank,
+            q_pos,
+            k_pos,
+            window or None,
+            scale,
+            log_floor or None,
+            log_alpha,
+        )
+    return out

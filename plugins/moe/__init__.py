@@ -67,3 +67,52 @@ def _expert_sink_moe_fake(
     num_routed, top_k, tile_configs, impl,
 ):  # fmt: skip
     return torch.empty_like(x)
+
+
+SIGMOID_SPEC = register(
+    PluginSpec(
+        name="sigmoid_sink_moe",
+        version=1,
+        impls=("reference",),
+        doc="the real Inkling's MoE: sigmoid router with a selection bias, joint weights over the chosen and "
+        "shared experts, BF16 or NVFP4 routed stacks; its Triton kernels come with the MoE issue",
+    )
+)
+
+
+@torch.library.custom_op("inkling::sigmoid_sink_moe", mutates_args=())
+def sigmoid_sink_moe(
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    gate_bias: torch.Tensor,
+    gate_scale: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w13_scale_2: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    w2_scale_2: torch.Tensor,
+    shared_w13: torch.Tensor,
+    shared_w2: torch.Tensor,
+    route_scale: float,
+    top_k: int,
+    impl: str,
+) -> torch.Tensor:
+    """BF16 routed experts pass empty scale tensors; NVFP4 ones their E4M3 block scales and float32 [E]
+    global scales (plugins/moe/reference.py says every shape)."""
+    if impl == "triton":
+        raise NotImplementedError(
+            "inkling::sigmoid_sink_moe has no Triton kernel yet for the real model (the MoE issue); "
+            "build with --impl sigmoid_sink_moe=reference"
+        )
+    check_impl(SIGMOID_SPEC.name, impl)
+    return reference.sigmoid_sink_moe(
+        x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
+        shared_w2, route_scale, top_k,
+    )  # fmt: skip
+
+
+@sigmoid_sink_moe.register_fake
+def _(x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
+      shared_w2, route_scale, top_k, impl):  # fmt: skip
+    return torch.empty_like(x)

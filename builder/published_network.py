@@ -1,0 +1,225 @@
+"""The real Inkling's step program (INKLING_SPEC §3) through the `inkling::*` ops, over paged caches.
+
+The STEP contract of builder/contracts.py, as the earlier model's StepProgram has it: one program for
+every step kind (prefill, chunked prefill, verify, decode) over the new tokens of B sequences. What the
+real model changes:
+- caches per layer kind: full layers hold `num_key_value_heads` KV heads, sliding ones
+  `swa_num_key_value_heads`; layers are grouped by kind (`PublishedCacheLayout`) and `key_caches` lists
+  the full kind's pool slots, then the sliding kind's;
+- the four short convolutions of a layer add their input (u + conv(u)) and run in float32, their
+  states float32 too (`conv_states`: sites k, v, attention output, MLP output of every layer);
+- q/k RMS norms, a 1/D scale, the layer's relative bank and log scaling in `inkling::bank_attention`;
+- dense MLPs in the first layers, the sigmoid router in `inkling::sigmoid_sink_moe`;
+- the embedding is RMS-normed (text rows; spliced media rows are the towers' own), the final hidden
+  state divided by the muP multiplier, the logits cut to the unpadded vocabulary.
+
+Weights are the engine's (`engine_tensors`): the checkpoint's names, with q/k/v/r fused into one
+projection, every w13 de-interleaved to [gate; up] and the sconv weights [C, K] in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import plugins  # noqa: F401  (registers torch.ops.inkling.*)
+from inkling.published.config import FULL, SLIDING, InklingConfig
+from inkling.published.ops import deinterleave, rms_norm
+
+from .contracts import STEP
+
+_EMPTY = torch.empty(0)
+
+
+@dataclass(frozen=True)
+class PublishedCacheLayout:
+    """Layers grouped by kind into groups of `pool_size` (the gcd of the kinds' counts); layer l uses
+    block table `group_of_layer[l]` and cache `cache_of_layer[l]` of `key_caches`."""
+
+    group_of_layer: tuple[int, ...]
+    cache_of_layer: tuple[int, ...]
+    group_kinds: tuple[str, ...]
+    pool_size: int
+
+    @classmethod
+    def of(cls, c: InklingConfig) -> PublishedCacheLayout:
+        t = c.text
+        by_kind = {
+            k: [i for i in range(t.num_hidden_layers) if t.layer_types[i] == k] for k in (FULL, SLIDING)
+        }
+        g = math.gcd(len(by_kind[FULL]), len(by_kind[SLIDING])) or t.num_hidden_layers
+        group_of, cache_of, kinds = [0] * t.num_hidden_layers, [0] * t.num_hidden_layers, []
+        for base, kind in enumerate((FULL, SLIDING)):
+            layers = by_kind[kind]
+            for start in range(0, len(layers), g):
+                for j, layer in enumerate(layers[start : start + g]):
+                    group_of[layer], cache_of[layer] = len(kinds), base * g + j
+                kinds.append(kind)
+        return cls(tuple(group_of), tuple(cache_of), tuple(kinds), g)
+
+    def cache_kinds(self) -> tuple[str, ...]:
+        """The kind of each of `key_caches`: pool_size full slots, then pool_size sliding ones."""
+        return (FULL,) * self.pool_size + (SLIDING,) * self.pool_size
+
+
+def conv_channels(c: InklingConfig) -> list[int]:
+    """Channels of each layer's four sconv states (k, v, attention output, MLP output)."""
+    t = c.text
+    out = []
+    for i in range(t.num_hidden_layers):
+        kv = t.attention(i).kv_size
+        out += [kv, kv, t.hidden_size, t.hidden_size]
+    return out
+
+
+def engine_tensors(
+    c: InklingConfig, tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors in the engine's form (module docstring); NVFP4 stacks keep their codes."""
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in tensors:
+        if name.startswith(("model.mtp.", "model.visual.", "model.audio.")):
+            continue  # MTP and the towers: their own issues
+        if name.endswith(
+            ("attn.wq_du.weight", "attn.wk_dv.weight", "attn.wv_dv.weight", "attn.wr_du.weight")
+        ):
+            prefix, part = name.rsplit(".", 2)[0], name.rsplit(".", 2)[1]
+            parts = pending.setdefault(prefix, {})
+            parts[part] = t
+            if len(parts) == 4:
+                del pending[prefix]
+                fused = torch.cat([parts[k] for k in ("wq_du", "wk_dv", "wv_dv", "wr_du")])
+                yield f"{prefix}.wqkvr.weight", fused.to(dtype)
+        elif "sconv" in name:
+            yield name, t.reshape(t.shape[0], -1).float()  # [C, 1, K] -> [C, K]
+        elif name.endswith(("mlp.gate.bias", "mlp.gate.global_scale")):
+            yield name, t.float()
+        elif name.endswith("mlp.w13_dn.weight"):
+            yield name.replace("w13_dn", "gate_up"), deinterleave(t, 0).to(dtype)
+        elif name.endswith(("experts.w13_weight", "shared_w13_weight", "experts.w13_weight.scale")):
+            out = deinterleave(t, 1)  # rows quantize independently: the codes' and scales' rows move alike
+            yield name, out if t.dtype in (torch.uint8, torch.float8_e4m3fn) else out.to(dtype)
+        elif name.endswith(".original_shape") or name.endswith(".input_amax"):
+            continue  # the reference dequantizes weights only; a W4A4 path would read input_amax
+        elif t.dtype in (torch.uint8, torch.float8_e4m3fn) or name.endswith(".scale2"):
+            yield name, t
+        else:
+            yield name, t.to(dtype)
+    if pending:
+        raise ValueError(f"attention projections incomplete for {sorted(pending)}")
+
+
+class PublishedStepProgram(nn.Module):
+    """forward(weights, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens, block_tables,
+    slot_mappings, state_indices, logits_indices, q_bound, key_caches, value_caches, conv_states)
+    -> (logits float32 [N, num_real_tokens], hidden [T, H]): the STEP contract's arguments
+    (builder/contracts.py); block_tables int32 [G, B, MB], slot_mappings int64 [G, T] per layer group."""
+
+    def __init__(self, config: InklingConfig, impls: dict[str, str]):
+        super().__init__()
+        self.c, self.impls = config, impls
+        self.layout = PublishedCacheLayout.of(config)
+
+    def sconv(self, x, weight, state, state_idx, cu):
+        """u + conv(u) in float32 (INKLING_SPEC §3.3), cast back to x's dtype."""
+        u = x.float()
+        return (u + torch.ops.inkling.sconv(u, weight, state, state_idx, cu, self.impls["sconv"])).to(x.dtype)
+
+    def attention(self, w, p, a, layer, meta, key_cache, value_cache, conv):
+        t = self.c.text
+        shape = t.attention(layer)
+        cu, seq_lens, state_idx, block_table, slot_mapping, max_q = meta
+        T, Hq, Hkv, D = a.shape[0], shape.num_heads, shape.num_kv_heads, shape.head_dim
+        q, k, v, r = (a @ w[f"{p}.attn.wqkvr.weight"].T).split(
+            (shape.q_size, shape.kv_size, shape.kv_size, shape.r_size), -1
+        )
+        k = self.sconv(k, w[f"{p}.attn.k_sconv.weight"], conv[0], state_idx, cu)
+        v = self.sconv(v, w[f"{p}.attn.v_sconv.weight"], conv[1], state_idx, cu)
+        q = rms_norm(q.reshape(T, Hq, D), w[f"{p}.attn.q_norm.weight"], t.rms_norm_eps)
+        k = rms_norm(k.reshape(T, Hkv, D), w[f"{p}.attn.k_norm.weight"], t.rms_norm_eps)
+        torch.ops.inkling.kv_cache_write(
+            k,
+            v.reshape(T, Hkv, D).contiguous(),
+            key_cache,
+            value_cache,
+            slot_mapping,
+            self.impls["kv_cache_write"],
+        )
+        o = torch.ops.inkling.bank_attention(
+            q.contiguous(), r.reshape(T, Hq, shape.d_rel).contiguous(), w[f"{p}.attn.rel_logits_proj.proj"],
+            key_cache, value_cache, block_table, cu, seq_lens, max_q, shape.window or 0, 1.0 / D,
+            shape.log_scaling_n_floor or 0, shape.log_scaling_alpha, self.impls["bank_attention"],
+        )  # fmt: skip
+        return o.reshape(T, -1) @ w[f"{p}.attn.wo_ud.weight"].T
+
+    def mlp(self, w, p, m, layer):
+        t = self.c.text
+        if t.is_dense(layer):
+            g, u = (m @ w[f"{p}.mlp.gate_up.weight"].T).chunk(2, dim=-1)
+            return (
+                (torch.nn.functional.silu(g) * u) @ w[f"{p}.mlp.w2_md.weight"].T * w[f"{p}.mlp.global_scale"]
+            )
+        e = f"{p}.mlp.experts"
+        sh = f"{p}.mlp.shared_experts"
+        return torch.ops.inkling.sigmoid_sink_moe(
+            m, w[f"{p}.mlp.gate.weight"], w[f"{p}.mlp.gate.bias"], w[f"{p}.mlp.gate.global_scale"],
+            w[f"{e}.w13_weight"], w.get(f"{e}.w13_weight.scale", _EMPTY), w.get(f"{e}.w13_weight.scale2", _EMPTY),
+            w[f"{e}.w2_weight"], w.get(f"{e}.w2_weight.scale", _EMPTY), w.get(f"{e}.w2_weight.scale2", _EMPTY),
+            w[f"{sh}.shared_w13_weight"], w[f"{sh}.shared_w2_weight"], t.route_scale, t.num_experts_per_tok,
+            self.impls["sigmoid_sink_moe"],
+        )  # fmt: skip
+
+    @STEP.implements
+    def forward(
+        self,
+        weights: dict[str, torch.Tensor],
+        input_ids: torch.Tensor,
+        mm_embeds: torch.Tensor,
+        mm_positions: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        slot_mappings: torch.Tensor,
+        state_indices: torch.Tensor,
+        logits_indices: torch.Tensor,
+        q_bound: torch.Tensor,
+        key_caches: list[torch.Tensor],
+        value_caches: list[torch.Tensor],
+        conv_states: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        t, w, lay = self.c.text, weights, self.layout
+        eps = t.rms_norm_eps
+        x = rms_norm(w["model.llm.embed.weight"][input_ids], w["model.llm.embed_norm.weight"], eps)
+        x = torch.cat([x, x.new_zeros(1, x.shape[1])])  # the splice's dummy row at T (STEP contract)
+        x = x.index_copy(0, mm_positions, mm_embeds.to(x.dtype))[:-1]  # tower rows are not embed-normed
+        for i in range(t.num_hidden_layers):
+            p, g, j = f"model.llm.layers.{i}", lay.group_of_layer[i], lay.cache_of_layer[i]
+            meta = (
+                cu_seqlens_q,
+                seq_lens,
+                state_indices,
+                block_tables[g],
+                slot_mappings[g],
+                q_bound.shape[0],
+            )
+            conv = conv_states[4 * i : 4 * i + 4]
+            o = self.attention(
+                w,
+                p,
+                rms_norm(x, w[f"{p}.attn_norm.weight"], eps),
+                i,
+                meta,
+                key_caches[j],
+                value_caches[j],
+                conv,
+            )
+            x = x + self.sconv(o, w[f"{p}.attn_sconv.weight"], conv[2], state_indices, cu_seqlens_q)
+            f = self.mlp(w, p, rms_norm(x, w[f"{p}.mlp_norm.weight"], eps), i)
+            x = x + self.sconv(f, w[f"{p}.mlp_sconv.weight"], conv[3], state_indices, cu_seqlens_q)
+        h = rms_norm(x[logits_indices], w["model.llm.norm.weight"], eps) / t.logits_mup_width_multiplier
+        logits = h @ w["model.llm.unembed.weight"][: t.num_real_tokens].T
+        return logits.float(), x

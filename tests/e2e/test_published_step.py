@@ -1,0 +1,236 @@
+"""The real Inkling's step program equals transformers 5.23.0, float32, on inkling-tiny checkpoints.
+
+The program runs over paged caches the way the runtime drives it: ragged batches, prompts prefilled in
+chunks that cross page boundaries, then greedy decoding, on prompts longer than the sliding window (16)
+and the full layers' relative extent (24) and past the log-scaling floor (20). Its logits must equal
+transformers' full recomputation at every position to float32 rounding, and its greedy tokens equal
+transformers' token for token. Sliding layers' blocks behind the window point at a block of NaN: a read
+there would poison the output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from builder.published_network import (
+    PublishedCacheLayout,
+    PublishedStepProgram,
+    conv_channels,
+    engine_tensors,
+)
+from inkling.published.checkpoint import PublishedCheckpoint
+from inkling.published.config import FULL, SLIDING, preset
+from inkling.published.synth import write_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+BLOCK = 4
+IMPLS = {
+    "sconv": "reference",
+    "kv_cache_write": "reference",
+    "bank_attention": "reference",
+    "sigmoid_sink_moe": "reference",
+}
+
+
+class PagedRunner:
+    """Drives the step program: each sequence owns its own contiguous blocks in each layer group (groups
+    share the caches' pool slots, so their blocks must differ; block 0 is the NaN poison block) and
+    state slot = its index."""
+
+    def __init__(self, config, weights, max_seqs: int, max_len: int):
+        self.c, self.w = config, weights
+        self.program = PublishedStepProgram(config, IMPLS)
+        self.layout = PublishedCacheLayout.of(config)
+        t = config.text
+        self.blocks_per_seq, self.max_seqs = -(-max_len // BLOCK), max_seqs
+        n_blocks = 1 + len(self.layout.group_kinds) * max_seqs * self.blocks_per_seq
+        self.key_caches, self.value_caches = [], []
+        for kind in self.layout.cache_kinds():
+            a = t.attention_of(kind)
+            shape = (n_blocks, BLOCK, a.num_kv_heads, a.head_dim)
+            self.key_caches.append(torch.full(shape, float("nan")))
+            self.value_caches.append(torch.full(shape, float("nan")))
+        self.conv_states = [torch.zeros(max_seqs, t.conv_kernel_size - 1, C) for C in conv_channels(config)]
+
+    def table(self, b: int, seq_len: int, g: int) -> list[int]:
+        """Sequence b's blocks in group g; in a sliding group those wholly behind its window point at
+        block 0 (NaN)."""
+        first = 1 + (g * self.max_seqs + b) * self.blocks_per_seq
+        blocks = list(range(first, first + self.blocks_per_seq))
+        if self.layout.group_kinds[g] == SLIDING:
+            W = self.c.text.sliding_window_size
+            first_needed = max(0, seq_len - W - 8)  # the next step's queries see seq_len - W + 1 onwards
+            blocks = [0 if (n + 1) * BLOCK <= first_needed else blk for n, blk in enumerate(blocks)]
+        return blocks
+
+    def step(self, chunks: list[tuple[int, list[int], int]]) -> torch.Tensor:
+        """chunks: (sequence index, new token ids, tokens already cached) -> logits of every new token."""
+        ids, cu, lens, slots, tables = [], [0], [], [], []
+        for b, new, start in chunks:
+            ids += new
+            cu.append(len(ids))
+            lens.append(start + len(new))
+        G = len(self.layout.group_kinds)
+        slot_map = torch.empty(G, len(ids), dtype=torch.int64)
+        for g in range(G):
+            rows = []
+            for n, (b, new, start) in enumerate(chunks):
+                table = self.table(b, start, g)
+                rows.append(table)
+                for k in range(len(new)):
+                    pos = start + k
+                    slot_map[g, cu[n] + k] = table[pos // BLOCK] * BLOCK + pos % BLOCK
+            tables.append(rows)
+        for b, _, _ in chunks:
+            slots.append(b)
+        T = len(ids)
+        H = self.c.text.hidden_size
+        logits, _ = self.program(
+            self.w, torch.tensor(ids), torch.zeros(1, H), torch.tensor([T]), torch.tensor(cu, dtype=torch.int32),
+            torch.tensor(lens, dtype=torch.int32), torch.tensor(tables, dtype=torch.int32), slot_map,
+            torch.tensor(slots, dtype=torch.int32), torch.arange(T), torch.empty(max(len(c[1]) for c in chunks)),
+            self.key_caches, self.value_caches, self.conv_states,
+        )  # fmt: skip
+        return logits
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    c = preset("inkling-tiny")
+    d = write_checkpoint(tmp_path_factory.mktemp("step") / "tiny", c, seed=3)
+    with PublishedCheckpoint(d) as ckpt:
+        weights = dict(engine_tensors(ckpt.config, ((n, ckpt.get(n)) for n in ckpt.keys()), torch.float32))
+    hf = transformers.InklingForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval()
+    return c, weights, hf
+
+
+def reference_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+PROMPTS = [
+    [5],  # a one-token prompt
+    [int(x) for x in torch.randint(0, 960, (53,), generator=torch.Generator().manual_seed(1))],
+    [int(x) for x in torch.randint(0, 960, (30,), generator=torch.Generator().manual_seed(2))],
+]
+
+
+def test_layout_groups_layers_by_kind(tiny):
+    c, _, _ = tiny
+    lay = PublishedCacheLayout.of(c)
+    assert lay.pool_size == 2 and lay.group_kinds == (FULL, SLIDING, SLIDING, SLIDING)
+    assert [lay.group_of_layer[i] for i in (3, 7)] == [0, 0] and lay.cache_kinds() == (FULL,) * 2 + (
+        SLIDING,
+    ) * 2
+
+
+def test_chunked_ragged_prefill_then_decode_equals_transformers(tiny):
+    c, weights, hf = tiny
+    runner = PagedRunner(c, weights, max_seqs=len(PROMPTS), max_len=80)
+    # Prefill in chunks of 7 (page boundaries inside chunks), every sequence in every step while it has
+    # prompt left: the batches are ragged, and the one-token prompt finishes first.
+    got: dict[int, list[torch.Tensor]] = {b: [] for b in range(len(PROMPTS))}
+    done = [0] * len(PROMPTS)
+    while any(done[b] < len(p) for b, p in enumerate(PROMPTS)):
+        chunks = [(b, p[done[b] : done[b] + 7], done[b]) for b, p in enumerate(PROMPTS) if done[b] < len(p)]
+        logits = runner.step(chunks)
+        row = 0
+        for b, new, _ in chunks:
+            got[b].append(logits[row : row + len(new)])
+            row += len(new)
+            done[b] += len(new)
+    for b, p in enumerate(PROMPTS):
+        ours, ref = torch.cat(got[b]), reference_logits(hf, p)
+        assert torch.isfinite(ours).all()
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    # Greedy decoding, all sequences in one batch a step, against transformers token for token.
+    seqs = [list(p) for p in PROMPTS]
+    last = [got[b][-1][-1] for b in range(len(PROMPTS))]
+    for _ in range(12):
+        chunks = []
+        for b in range(len(seqs)):
+            token = int(last[b].argmax())
+            chunks.append((b, [token], len(seqs[b])))
+            seqs[b].append(token)
+        logits = runner.step(chunks)
+        last = list(logits)
+    for b, p in enumerate(PROMPTS):
+        ref_ids = list(p)
+        for _ in range(12):
+            ref_ids.append(int(reference_logits(hf, ref_ids)[-1].argmax()))
+        assert seqs[b] == ref_ids, f"sequence {b}: {seqs[b][len(p) :]} vs {ref_ids[len(p) :]}"
+        torch.testing.assert_close(last[b], reference_logits(hf, seqs[b])[-1], rtol=1e-4, atol=1e-4)
+
+
+def prefill_logits(runner: PagedRunner, prompts, chunk: int) -> list[torch.Tensor]:
+    out: dict[int, list[torch.Tensor]] = {b: [] for b in range(len(prompts))}
+    done = [0] * len(prompts)
+    while any(done[b] < len(p) for b, p in enumerate(prompts)):
+        chunks = [
+            (b, p[done[b] : done[b] + chunk], done[b]) for b, p in enumerate(prompts) if done[b] < len(p)
+        ]
+        logits, row = runner.step(chunks), 0
+        for b, new, _ in chunks:
+            out[b].append(logits[row : row + len(new)])
+            row += len(new)
+            done[b] += len(new)
+    return [torch.cat(out[b]) for b in range(len(prompts))]
+
+
+def test_bf16_program_follows_transformers_in_bf16(tiny):
+    """bf16 weights and activations (sconvs, norms' statistics, router, softmax and τ in float32 as in
+    transformers): against transformers in bf16 on the same positions, relative logit error under 3% and
+    top-1 agreement over 90%."""
+    c, weights, hf = tiny
+    bf16 = {
+        n: t if t.dtype != torch.float32 or "sconv" in n or ".gate." in n else t.bfloat16()
+        for n, t in weights.items()
+    }
+    runner = PagedRunner(c, bf16, max_seqs=len(PROMPTS), max_len=80)
+    for kind in ("key_caches", "value_caches"):
+        setattr(runner, kind, [t.bfloat16() for t in getattr(runner, kind)])
+    hf16 = hf.to(torch.bfloat16)
+    try:
+        for p, ours in zip(PROMPTS, prefill_logits(runner, PROMPTS, 9)):
+            ref = reference_logits(hf16, p)
+            rel = float((ours - ref).norm() / ref.norm())
+            agree = float((ours.argmax(-1) == ref.argmax(-1)).float().mean())
+            print(f"bf16: {len(p)} tokens, relative logit error {rel:.4f}, top-1 agreement {agree:.3f}")
+            assert rel < 0.03 and agree > 0.9, (len(p), rel, agree)
+    finally:
+        hf.to(torch.float32)
+
+
+def test_nvfp4_program_equals_transformers_on_the_dequantized_experts(tiny, tmp_path):
+    """The converter's NVFP4 checkpoint (layer 2 BF16, layers 3.. NVFP4) through the program, float32,
+    equals transformers whose routed experts hold the same weights dequantized."""
+    from convert.published import convert, dequantize_stack
+    from inkling.published.ops import deinterleave
+
+    c, _, hf = tiny
+    src = tmp_path / "bf16"
+    write_checkpoint(src, c, seed=3)
+    out = convert(str(src), str(tmp_path / "fp4"), calibration_prompts_n=0)
+    with PublishedCheckpoint(tmp_path / "fp4") as ckpt:
+        weights = dict(engine_tensors(ckpt.config, ((n, ckpt.get(n)) for n in ckpt.keys()), torch.float32))
+        deq = {}
+        for i in range(c.text.num_hidden_layers):
+            if out.experts_quantized(i):
+                p = f"model.llm.layers.{i}.mlp.experts."
+                deq[i] = [
+                    dequantize_stack(*(ckpt.get(p + w + s) for s in ("", ".scale", ".scale2")))
+                    for w in ("w13_weight", "w2_weight")
+                ]
+    assert sorted(deq) == [3, 4, 5, 6, 7]
+    ref_model = transformers.InklingForConditionalGeneration.from_pretrained(src, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for i, (w13, w2) in deq.items():
+            experts = ref_model.model.language_model.layers[i].mlp.experts
+            experts.gate_up_proj.copy_(deinterleave(w13, 1))
+            experts.down_proj.copy_(w2)
+    runner = PagedRunner(out, weights, max_seqs=len(PROMPTS), max_len=80)
+    for p, ours in zip(PROMPTS, prefill_logits(runner, PROMPTS, 11)):
+        torch.testing.assert_close(ours, reference_logits(ref_model, p), rtol=1e-4, atol=1e-4)
