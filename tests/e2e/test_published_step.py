@@ -72,6 +72,7 @@ class PagedRunner:
             ids += new
             cu.append(len(ids))
             lens.append(start + len(new))
+            slots.append(b)
         G = len(self.layout.group_kinds)
         slot_map = torch.empty(G, len(ids), dtype=torch.int64)
         for g in range(G):
@@ -83,8 +84,6 @@ class PagedRunner:
                     pos = start + k
                     slot_map[g, cu[n] + k] = table[pos // BLOCK] * BLOCK + pos % BLOCK
             tables.append(rows)
-        for b, _, _ in chunks:
-            slots.append(b)
         T = len(ids)
         H = self.c.text.hidden_size
         logits, _ = self.program(
