@@ -61,6 +61,11 @@ def build(
 
     draft_vocab: token ids the MTP heads may draft (builder/draft_vocab.py); default every token."""
     bc = build_config or BuildConfig()
+    if isinstance(source, (str, os.PathLike)):
+        from .published_build import build_published, is_published_checkpoint
+
+        if is_published_checkpoint(source):  # the real Inkling (builder/published_build.py)
+            return build_published(source, bc, echo)
     log = BuildLog(echo)
     tokenizer_json = generation_config = None
     with log.phase("read"):

@@ -83,7 +83,21 @@ class Engine:
         return {k: v for k, v in self.weights.items() if not k.startswith("mtp.")}
 
     @property
-    def model_config(self) -> InklingConfig:
+    def is_published(self) -> bool:
+        """Whether this engine serves the real Inkling (a published-layout checkpoint, builder/published_build.py)."""
+        return self.config.get("model_type") == "inkling_mm_model"
+
+    @property
+    def model_config(self):
+        """The model's config: inkling.published.config.InklingConfig for the real Inkling, else the earlier
+        model's inkling.config.InklingConfig."""
+        if self.is_published:
+            from inkling.published.config import InklingConfig as PublishedConfig
+            from inkling.published.config import QuantConfig
+
+            q = self.config.get("quantization")
+            quant = QuantConfig.from_dict(q, "engine config.json: quantization") if q else None
+            return PublishedConfig.from_dict(self.config["pretrained_config"], "engine config.json", quant)
         return InklingConfig.from_dict(self.config["pretrained_config"])
 
     @property

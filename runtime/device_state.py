@@ -17,6 +17,16 @@ from inkling.config import InklingConfig
 MAX_SNAPSHOTS = 1024  # sconv snapshot slots of prefix-cache restore points
 
 
+def layout_k1(layout: dict) -> int:
+    """K - 1: the sconv history rows a restore point keeps (the engine's cache layout records K)."""
+    return layout["sconv_kernel_size"] - 1
+
+
+def layout_rows(layout: dict, build: BuildConfig) -> int:
+    """Rows of sconv history a slot holds: K - 1 plus a rollback's margin (max_draft_len)."""
+    return layout_k1(layout) + build.max_draft_len
+
+
 @dataclass
 class DeviceState:
     key_caches: list[torch.Tensor]  # per pool slot: [num_blocks, block_size, Hkv, D]
@@ -61,6 +71,34 @@ class DeviceState:
             snapshots=[
                 zeros(min(num_blocks, MAX_SNAPSHOTS), config.sconv_kernel_size - 1, C) for C in channels
             ],
+        )
+
+    @classmethod
+    def allocate_published(
+        cls, layout: dict, build: BuildConfig, num_blocks: int, device: torch.device, dtype: torch.dtype
+    ) -> DeviceState:
+        """The real Inkling's state (builder/published_build.py `cache_layout`): each cache with its kind's
+        KV heads (full and sliding layers differ), sconv states and snapshots in float32 as transformers
+        keeps them; no MTP heads yet."""
+        rows, slots, K1 = layout_rows(layout, build), build.max_batch_size, layout_k1(layout)
+        f32 = dict(dtype=torch.float32, device=device)
+
+        def kv() -> list[torch.Tensor]:
+            shapes = zip(layout["cache_kv_heads"], layout["cache_head_dims"])
+            return [
+                torch.zeros(num_blocks, build.tokens_per_block, h, d, dtype=dtype, device=device)
+                for h, d in shapes
+            ]
+
+        channels = layout["conv_channels"]
+        return cls(
+            key_caches=kv(),
+            value_caches=kv(),
+            conv_states=[torch.zeros(slots, rows, C, **f32) for C in channels],
+            head_key_caches=[],
+            head_value_caches=[],
+            head_conv_states=[],
+            snapshots=[torch.zeros(min(num_blocks, MAX_SNAPSHOTS), K1, C, **f32) for C in channels],
         )
 
     @property

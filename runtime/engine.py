@@ -70,7 +70,7 @@ class LLMEngine:
         self.config = engine.model_config
         self.tokenizer = Tokenizer.from_str(engine.tokenizer_json) if engine.tokenizer_json else None
         self.num_real_tokens = self.runner.num_real_tokens
-        eos_ids = {self.config.token_ids["eos"]} if "eos" in self.config.token_ids else set()
+        eos_ids = stop_token_ids(engine)
         self.blocks = BlockManager(
             self.runner.num_blocks,
             bc.tokens_per_block,
@@ -366,3 +366,15 @@ class LLMEngine:
     def metrics(self) -> dict[str, float]:
         """Latency means over the engine's life (time to first token, inter-token latency), cache usage."""
         return self.stats.summary(self.blocks.usage(), self.scheduler.num_preemptions, self.acceptance)
+
+
+def stop_token_ids(engine: Engine) -> set[int]:
+    """The ids that end a request: the config's EOS and, for the real Inkling, its generation_config.json's
+    (200006, `<|content_model_end_sampling|>`, on the published model)."""
+    config = engine.model_config
+    if not engine.is_published:
+        return {config.token_ids["eos"]} if "eos" in config.token_ids else set()
+    ids = {config.eos_token_id} if config.eos_token_id is not None else set()
+    eos = (engine.generation_config or {}).get("eos_token_id")
+    ids |= set(eos) if isinstance(eos, list) else ({eos} if isinstance(eos, int) else set())
+    return ids

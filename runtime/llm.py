@@ -88,9 +88,13 @@ class LLM:
             engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs, pad_eager=pad_eager,
             overlap=overlap,
         )  # fmt: skip
-        self.processor = (
-            Processor(self.engine.config, self.engine.tokenizer) if self.engine.tokenizer else None
-        )
+        self.processor = None
+        if self.engine.tokenizer and engine.is_published:
+            from inkling.published.processing import TextProcessor
+
+            self.processor = TextProcessor(self.engine.tokenizer)
+        elif self.engine.tokenizer:
+            self.processor = Processor(self.engine.config, self.engine.tokenizer)
         self._ids = itertools.count()
 
     def shutdown(self) -> None:

@@ -47,6 +47,9 @@ from .step_graphs import (
 log = logging.getLogger("runtime.model_runner")
 
 
+LM_HEAD = {False: "lm_head.weight", True: "model.llm.unembed.weight"}  # the earlier model's, the real one's
+
+
 def fed_tokens(seq: Sequence, drafts: list[int], start: int, n: int) -> list[int]:
     """(seq.tokens + drafts)[start : start + n], copying only those tokens."""
     K = len(seq)
@@ -96,7 +99,8 @@ class ModelRunner:
         self.device = torch.device(device or engine.device)
         self.dtype = getattr(torch, engine.config["dtype"])
         self.workers = workers
-        self.tp = TensorParallel(c, engine.tp_size)
+        # The real Inkling's engines are one rank (builder/published_build.py): no tensor-parallel sizes.
+        self.tp = None if engine.is_published else TensorParallel(c, engine.tp_size)
         self.block_size = bc.tokens_per_block
         self.K1 = c.sconv_kernel_size - 1
         self.state_rows = self.K1 + bc.max_draft_len
@@ -113,7 +117,7 @@ class ModelRunner:
         self.head_weights = [head_weights(weights, m) for m in range(1, self.num_heads + 1)]
         # The draft pick's lm_head: the whole one (tensor-parallel ranks keep it beside their vocabulary
         # slice, builder/sharding.py).
-        self.lm_head = weights.get(DRAFT_LM_HEAD, self.weights["lm_head.weight"])
+        self.lm_head = weights.get(DRAFT_LM_HEAD, self.weights[LM_HEAD[engine.is_published]])
         programs = Programs.load(engine, self.device, self.dtype, bool(self.num_heads), compile)
         self.step, self.head, self.vision, self.audio = (
             programs.step,
@@ -122,9 +126,21 @@ class ModelRunner:
             programs.audio,
         )
         self.compiled = programs.compiled
-        self.state = DeviceState.allocate(
-            c, bc, self.layout["pool_size"], self.tp, self.num_blocks, self.num_heads, self.device, self.dtype
-        )
+        if engine.is_published:
+            self.state = DeviceState.allocate_published(
+                self.layout, bc, self.num_blocks, self.device, self.dtype
+            )
+        else:
+            self.state = DeviceState.allocate(
+                c,
+                bc,
+                self.layout["pool_size"],
+                self.tp,
+                self.num_blocks,
+                self.num_heads,
+                self.device,
+                self.dtype,
+            )
         st = self.state
         self.key_caches, self.value_caches, self.conv_states = st.key_caches, st.value_caches, st.conv_states
         self.head_key_caches, self.head_value_caches = st.head_key_caches, st.head_value_caches
@@ -479,7 +495,11 @@ class ModelRunner:
             "rank": self.engine.rank,
             "weight_bytes": nbytes(self.weights.values())
             + nbytes(t for w in self.head_weights for t in w.values())
-            + (0 if self.lm_head is self.weights["lm_head.weight"] else nbytes([self.lm_head])),
+            + (
+                0
+                if self.lm_head is self.weights[LM_HEAD[self.engine.is_published]]
+                else nbytes([self.lm_head])
+            ),
             "kv_cache_shape": list(self.key_caches[0].shape),
             "kv_cache_bytes": nbytes(self.key_caches) + nbytes(self.value_caches),
             "conv_state_channels": [t.shape[-1] for t in self.conv_states],
@@ -511,7 +531,9 @@ class ModelRunner:
 
 def engine_vocab(engine: Engine) -> int:
     """Tokens the engine can emit: its tokenizer's (padded vocabulary rows are never sampled), else the
-    model's vocabulary."""
+    model's vocabulary. The real Inkling's logits have its unpadded vocabulary's columns only."""
+    if engine.is_published:
+        return engine.model_config.text.num_real_tokens
     if engine.tokenizer_json is None:
         return engine.model_config.vocab_size
     from tokenizers import Tokenizer

@@ -392,6 +392,13 @@ class InklingConfig:
     def is_quantized(self) -> bool:
         return self.quant is not None
 
+    # The text model's sizes that the runtime reads of any model it serves.
+    hidden_size = property(lambda self: self.text.hidden_size)
+    vocab_size = property(lambda self: self.text.vocab_size)
+    rms_norm_eps = property(lambda self: self.text.rms_norm_eps)
+    sconv_kernel_size = property(lambda self: self.text.conv_kernel_size)
+    num_mtp_heads = property(lambda self: self.mtp.num_layers)
+
     def experts_quantized(self, layer: int) -> bool:
         """Whether layer `layer`'s routed experts are NVFP4 (the published file keeps layer 2's in BF16)."""
         if self.quant is None or self.text.is_dense(layer):

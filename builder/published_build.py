@@ -1,0 +1,177 @@
+"""build_published(checkpoint, build_config) -> Engine for the real Inkling (a published-layout checkpoint).
+
+The same engine format as the earlier model's (builder/engine.py): config.json, one rank's weights and the
+exported step program; what differs is recorded in the engine config: `model_type` is the checkpoint's
+(`inkling_mm_model`), `pretrained_config` its published config.json (and `quantization` its
+hf_quant_config.json), and `cache_layout` gives each cache's KV heads (full and sliding layers differ).
+
+BF16 and NVFP4 checkpoints both build (the published NVFP4 file keeps its first MoE layer in BF16, so an
+engine holds both kinds). What is not built yet, each with its issue: MTP heads, the vision and audio
+towers, tensor parallelism, and Triton kernels for the real attention and MoE (their reference ops run;
+the sconv and KV-write kernels are shared with the earlier model).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import plugins
+from inkling.published.checkpoint import PublishedCheckpoint
+from inkling.published.config import InklingConfig
+
+from .build import BuildLog, export_dims
+from .config import BuildConfig, BuildError
+from .contracts import STEP
+from .engine import ENGINE_FORMAT_VERSION, Engine
+from .published_network import PublishedCacheLayout, PublishedStepProgram, conv_channels, engine_tensors
+
+OPS = ("sconv", "kv_cache_write", "bank_attention", "sigmoid_sink_moe")
+
+
+def is_published_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether a checkpoint directory's config.json is the real Inkling's (model_type inkling_mm_model)."""
+    import json
+
+    try:
+        with open(os.path.join(os.fspath(path), "config.json")) as f:
+            return json.load(f).get("model_type") == "inkling_mm_model"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def resolve_impls(bc: BuildConfig) -> dict[str, str]:
+    """sconv and the KV write run the earlier model's kernels (Triton on a CUDA engine); the real attention
+    and MoE have reference ops only until the attention and MoE issues bring their kernels."""
+    resolved = bc.plugin_config.resolve(bc.device)
+    return {
+        "sconv": resolved["sconv"],
+        "kv_cache_write": resolved["sheared_bias_attention"],
+        "bank_attention": "reference",
+        "sigmoid_sink_moe": "reference",
+    }
+
+
+def cache_layout(config: InklingConfig) -> dict:
+    lay = PublishedCacheLayout.of(config)
+    t = config.text
+    return {
+        "group_of_layer": list(lay.group_of_layer),
+        "slot_of_layer": list(lay.cache_of_layer),
+        "group_windows": [t.sliding_window_size if k == "hybrid_sliding" else 0 for k in lay.group_kinds],
+        "pool_size": len(lay.cache_kinds()),
+        "cache_kv_heads": [t.attention_of(k).num_kv_heads for k in lay.cache_kinds()],
+        "cache_head_dims": [t.attention_of(k).head_dim for k in lay.cache_kinds()],
+        "conv_channels": conv_channels(config),
+        "conv_dtype": "float32",
+        "sconv_kernel_size": t.conv_kernel_size,
+    }
+
+
+def step_example(config: InklingConfig, bc: BuildConfig, device, dtype) -> dict[str, object]:
+    """Example inputs for the export: 2 sequences of 3 and 2 new tokens with media rows (sizes > 1 so
+    nothing specialises), the last row of each wanted."""
+    lay = cache_layout(config)
+    G, MB, bs = len(lay["group_windows"]), bc.max_blocks_per_seq, bc.tokens_per_block
+    i32 = dict(dtype=torch.int32, device=device)
+    q_lens = [3, 2]
+    B, T = len(q_lens), sum(q_lens)
+    block_tables = torch.zeros(G, B, MB, **i32)
+    block_tables[:, 1, 0] = 1
+    slots = torch.tensor([0, 1, 2, bs, bs + 1], device=device)
+    cu = torch.tensor([0, 3, 5], **i32)
+    H = config.text.hidden_size
+    S = config.text.conv_kernel_size - 1 + bc.max_draft_len
+
+    def kv(h, d):
+        return torch.zeros(8, bs, h, d, dtype=dtype, device=device)
+
+    return dict(
+        input_ids=torch.arange(1, T + 1, device=device),
+        mm_embeds=torch.zeros(3, H, dtype=dtype, device=device),
+        mm_positions=torch.tensor([1, 2, T], device=device),
+        cu_seqlens_q=cu,
+        seq_lens=torch.tensor(q_lens, **i32),
+        block_tables=block_tables,
+        slot_mappings=slots.repeat(G, 1),
+        state_indices=torch.arange(B, **i32),
+        logits_indices=(cu[1:] - 1).long(),
+        q_bound=torch.zeros(max(q_lens), dtype=torch.int8, device=device),
+        key_caches=[kv(h, d) for h, d in zip(lay["cache_kv_heads"], lay["cache_head_dims"])],
+        value_caches=[kv(h, d) for h, d in zip(lay["cache_kv_heads"], lay["cache_head_dims"])],
+        conv_states=[torch.zeros(bc.max_batch_size, S, C, device=device) for C in lay["conv_channels"]],
+    )
+
+
+def build_published(
+    source: str | os.PathLike, build_config: BuildConfig | None = None, echo: bool = True
+) -> Engine:
+    bc = build_config or BuildConfig()
+    log = BuildLog(echo)
+    if bc.tp_size != 1:
+        raise BuildError(f"tensor parallelism (tp_size {bc.tp_size}) is not built for the real Inkling yet")
+    dtype, device = getattr(torch, bc.dtype), torch.device(bc.device)
+    with log.phase("read"):
+        from inkling.checkpoint import CheckpointError
+
+        try:
+            reader = PublishedCheckpoint(source)
+        except CheckpointError as e:
+            raise BuildError(str(e)) from e
+        config = reader.config
+        tok = os.path.join(os.fspath(source), "tokenizer.json")
+        tokenizer_json = open(tok, encoding="utf-8").read() if os.path.exists(tok) else None
+        gen = os.path.join(os.fspath(source), "generation_config.json")
+        generation_config = None
+        if os.path.exists(gen):
+            import json
+
+            generation_config = json.load(open(gen, encoding="utf-8"))
+        kind = "NVFP4" if config.is_quantized else "BF16"
+        log(
+            f"checkpoint {os.fspath(source)}: the real Inkling, {kind}, {config.text.num_hidden_layers} layers"
+        )
+        if config.mtp.num_layers or reader.dropped_mtp:
+            log(
+                "MTP depths: not built yet for the real model (the MTP issue); the engine decodes without drafts"
+            )
+    impls = resolve_impls(bc)
+    for name, impl in impls.items():
+        log(f"plugin {name}: {impl}, version {plugins.get(name).version}")
+    with log.phase("weights"):
+        with reader:
+            weights = {
+                n: t.to(device)
+                for n, t in engine_tensors(config, ((n, reader.get(n)) for n in reader.keys()), dtype)
+            }
+        nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+        log(f"weights: {len(weights)} tensors, {nbytes / 1e9:.3f} GB")
+    with log.phase("export"):
+        example = {"weights": weights, **step_example(config, bc, device, dtype)}
+        args = [example[name] for name in STEP.names]
+        dynamic = STEP.dynamic_shapes(export_dims(bc), example)
+        with torch.no_grad():
+            step = torch.export.export(
+                PublishedStepProgram(config, impls), tuple(args), dynamic_shapes=dynamic
+            )
+        log("programs: ['step']")
+    ops = {
+        name: {"impl": impls[name], "version": plugins.get(name).version,
+               "weight_layout_version": plugins.get(name).weight_layout_version}
+        for name in OPS
+    }  # fmt: skip
+    engine_config = {
+        "version": ENGINE_FORMAT_VERSION,
+        "model_type": "inkling_mm_model",
+        "pretrained_config": config.to_dict(),
+        "build_config": bc.to_dict(),
+        "plugin_config": {"impls": impls, "ops": ops, "tuning": {}},
+        "mapping": {"world_size": 1, "tp_size": 1, "ep_size": 1},
+        "quantization": config.quant.to_dict("engine") if config.quant else None,
+        "device": bc.device,
+        "dtype": bc.dtype,
+        "draft_vocab": None,
+        "cache_layout": cache_layout(config),
+    }
+    return Engine(engine_config, weights, {"step": step}, tokenizer_json, generation_config, log.lines)
