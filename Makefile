@@ -45,14 +45,16 @@ test: lint unit
 test-gpu:
 	$(PY) -m pytest -q -m gpu tests
 
+# inkling-tiny, the real Inkling at toy widths, in the published layout (BF16).
 $(TINY)/config.json: $(STAMP)
-	$(PY) -m inkling.synth --preset inkling-tiny --out $(TINY) --seed $(SEED) --force
+	$(PY) -m inkling.published.synth --preset inkling-tiny --out $(TINY) --seed $(SEED) --force
 
 synth: $(TINY)/config.json
 
-# The NVFP4 checkpoint: routed experts quantized with ModelOpt, calibrated on built-in text.
+# The published NVFP4 layout: routed experts but the first MoE layer's quantized with ModelOpt,
+# calibrated on built-in text through transformers.
 $(TINY_FP4)/config.json: $(TINY)/config.json
-	$(PY) -m convert --model_dir $(TINY) --output_dir $(TINY_FP4) --quant nvfp4 --force
+	$(PY) -m convert.published --model_dir $(TINY) --output_dir $(TINY_FP4) --force
 
 convert: $(TINY_FP4)/config.json
 

@@ -83,7 +83,8 @@ class TritonPythonModel:
         cfg = load_model_config(args)
         engine_dir = parameter(cfg, "engine_dir")
         engine = read_engine_config(engine_dir)
-        self.hidden_size = int(engine["pretrained_config"]["hidden_size"])
+        pretrained = engine["pretrained_config"]  # the real Inkling's nests its text model's sizes
+        self.hidden_size = int(pretrained.get("text_config", pretrained)["hidden_size"])
         self.dtype = getattr(torch, engine["dtype"])
         num_blocks = int(parameter(cfg, "num_blocks", "0")) or None
         num_threads = int(parameter(cfg, "num_threads", "0"))

@@ -61,7 +61,9 @@ class TritonPythonModel:
         cfg = load_model_config(args)
         engine_dir = parameter(cfg, "engine_dir")
         engine = read_engine_config(engine_dir)
-        self.config = InklingConfig.from_dict(engine["pretrained_config"])
+        self.published = engine.get("model_type") == "inkling_mm_model"
+        self.config = None if self.published else InklingConfig.from_dict(engine["pretrained_config"])
+        self.num_mels = 80 if self.published else self.config.audio.num_mels
         self.max_input_len = int(engine["build_config"]["max_input_len"])
         self.max_text_bytes = int(parameter(cfg, "max_text_bytes"))
         self.max_images = int(parameter(cfg, "max_images"))
@@ -69,6 +71,12 @@ class TritonPythonModel:
         self.max_image_bytes = int(parameter(cfg, "max_image_bytes"))
         self.max_audio_bytes = int(parameter(cfg, "max_audio_bytes"))
         tokenizer = Tokenizer.from_file(os.path.join(engine_dir, "tokenizer.json"))
+        if self.published:  # text prompts (inkling/published/processing.py), no BOS
+            from inkling.published.processing import TextProcessor
+
+            self.processor = TextProcessor(tokenizer)
+            torch.set_num_threads(1)
+            return
         self.processor = Processor(
             self.config,
             tokenizer,
@@ -98,9 +106,18 @@ class TritonPythonModel:
             raise RequestError(f"{len(images)} images, over the limit of {self.max_images} per request")
         if len(audios) > self.max_audios:
             raise RequestError(f"{len(audios)} audios, over the limit of {self.max_audios} per request")
+        if self.published and (len(images) or len(audios)):
+            raise RequestError(
+                "images and audio are not served for the real Inkling yet (its vision tower and dMel audio "
+                "come with the multimodal issue): send text"
+            )
         images = [decode_media(v, "image_data_input", i, self.max_image_bytes) for i, v in enumerate(images)]
         audios = [decode_media(v, "audio_data_input", i, self.max_audio_bytes) for i, v in enumerate(audios)]
-        out = self.processor(prompt, images=images, audios=audios)
+        out = (
+            self.processor(prompt, images, audios)
+            if self.published
+            else self.processor(prompt, images=images, audios=audios)
+        )
         num_tokens = len(out.input_ids)
         if num_tokens > self.max_input_len:
             raise RequestError(
@@ -111,13 +128,14 @@ class TritonPythonModel:
             torch.cat([image_patches(p) for p in out.images]) if out.images else torch.zeros(0, 16, 16, 3)
         )  # [N, 16, 16, 3]
         levels = (
-            torch.cat(out.audios, dim=1)
-            if out.audios
-            else torch.zeros(self.config.audio.num_mels, 0, dtype=torch.int64)
+            torch.cat(out.audios, dim=1) if out.audios else torch.zeros(self.num_mels, 0, dtype=torch.int64)
         )  # [num_mels, F]
         ids = out.input_ids
-        pads = [self.config.token_id("image_pad"), self.config.token_id("audio_pad")]
-        positions = torch.cat([(ids == pad).nonzero().flatten() for pad in pads])
+        if self.published:  # text only: no pads to fill
+            positions = torch.zeros(0, dtype=torch.int64)
+        else:
+            pads = [self.config.token_id("image_pad"), self.config.token_id("audio_pad")]
+            positions = torch.cat([(ids == pad).nonzero().flatten() for pad in pads])
         import triton_python_backend_utils as pb_utils
 
         return pb_utils.InferenceResponse(

@@ -1,0 +1,68 @@
+"""The real Inkling behind a real Triton server: text through gRPC streaming and HTTP equals the
+in-process runtime (and so transformers, tests/e2e/test_published_engine.py); media get a clear error
+until the towers are built, and the server keeps serving."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytest.importorskip("tritonclient.grpc")
+if importlib.util.find_spec("pytriton") is None:
+    pytest.skip("nvidia-pytriton is not installed (make venv)", allow_module_level=True)
+
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from builder.build import build  # noqa: E402
+from builder.config import BuildConfig  # noqa: E402
+from inkling.demo import demo_png  # noqa: E402
+from inkling.published.config import preset  # noqa: E402
+from inkling.published.synth import write_checkpoint  # noqa: E402
+from model_repo.serve import ServeConfig, TritonServer, free_port  # noqa: E402
+from runtime import LLM, SamplingParams  # noqa: E402
+from tests.e2e.test_serving import grpc_stream, inputs, join, result  # noqa: E402
+
+TEXTS = ["The history of the printing press", "def fibonacci(n):"]
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory):
+    ckpt = write_checkpoint(tmp_path_factory.mktemp("pub") / "tiny", preset("inkling-tiny"), seed=7)
+    out = tmp_path_factory.mktemp("engine") / "tiny"
+    bc = BuildConfig(
+        dtype="float32", device="cpu", max_batch_size=4, max_input_len=64, max_seq_len=96, max_num_tokens=64
+    )
+    build(ckpt, bc, echo=False).save(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(engine_dir, tmp_path_factory):
+    cfg = ServeConfig(
+        engine_dir=str(engine_dir), work_dir=str(tmp_path_factory.mktemp("serve")), http_port=free_port(),
+        grpc_port=free_port(), metrics_port=free_port(),
+    )  # fmt: skip
+    with TritonServer(cfg) as s:
+        yield s
+
+
+def test_text_through_triton_equals_in_process(engine_dir, server):
+    outs = LLM(engine_dir).generate(TEXTS, SamplingParams(max_tokens=8))
+    want = [(o.text, o.token_ids, o.finish_reason) for o in outs]
+    requests = [(f"r{i}", inputs(grpcclient, {"text": t}, stream=True)) for i, t in enumerate(TEXTS)]
+    streams = grpc_stream(server.cfg.grpc_url, requests)
+    assert [join(streams[f"r{i}"]) for i in range(len(TEXTS))] == want
+    client = httpclient.InferenceServerClient(server.cfg.http_url)
+    try:
+        assert result(client.infer("ensemble_unary", inputs(httpclient, {"text": TEXTS[0]}))) == want[0]
+        with pytest.raises(InferenceServerException, match="not served for the real Inkling yet"):
+            client.infer(
+                "ensemble_unary", inputs(httpclient, {"text": "a picture", "images": [demo_png(40, 24)]})
+            )
+        assert result(client.infer("ensemble_unary", inputs(httpclient, {"text": TEXTS[1]}))) == want[1]
+    finally:
+        client.close()
+    assert server.process.poll() is None  # the refused request harmed nothing
