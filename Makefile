@@ -18,7 +18,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 
-.PHONY: venv test lint unit test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-peers bench-serving train bench-needle bench-acceptance clean
+.PHONY: venv test lint unit test-slow test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-peers bench-serving train bench-needle bench-acceptance clean
 
 venv: $(STAMP)
 
@@ -38,9 +38,13 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 unit: $(STAMP)
-	$(PY) -m pytest -q -m "not gpu" tests
+	$(PY) -m pytest -q -m "not gpu and not slow" tests
 
 test: lint unit
+
+# The longest CPU cases (tests/conftest.py SLOW), left out of `make test` to keep CI under 20 minutes.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m "slow and not gpu" tests
 
 test-gpu:
 	$(PY) -m pytest -q -m gpu tests

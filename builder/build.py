@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch.export import Dim
@@ -27,26 +25,8 @@ from .config import BuildConfig, BuildError
 from .contracts import HEAD, STEP
 from .engine import ENGINE_FORMAT_VERSION, Engine, RankShard
 from .network import CacheLayout, StepProgram
+from .profiles import BuildLog, export_dims
 from .sharding import TensorParallel
-
-MAX_BLOCKS_DIM = 1 << 22
-
-
-class BuildLog:
-    def __init__(self, echo: bool = True):
-        self.lines: list[str] = []
-        self.echo = echo
-
-    def __call__(self, msg: str) -> None:
-        self.lines.append(msg)
-        if self.echo:
-            print(f"[build] {msg}", flush=True)
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        yield
-        self(f"phase {name}: {time.perf_counter() - start:.2f} s")
 
 
 def build(
@@ -366,27 +346,6 @@ def step_example(
         value_caches=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(layout.pool_size)],
         conv_states=conv,
     )
-
-
-def program_batch(bc: BuildConfig) -> int:
-    """The largest batch the step and head programs take: max_batch_size sequences plus one, the padding
-    sequence a CUDA-graph bucket adds beside a full batch (runtime/step_graphs.py)."""
-    return bc.max_batch_size + 1
-
-
-def export_dims(bc: BuildConfig) -> dict[str, Dim]:
-    """The programs' dynamic dimensions (the contracts' names), bounded by the BuildConfig: our
-    optimization profiles."""
-    B = Dim("batch", min=1, max=program_batch(bc))
-    return {
-        "num_tokens": Dim("num_tokens", min=1, max=bc.max_num_tokens),
-        "batch": B,
-        "batch+1": B + 1,
-        "num_logits": Dim("num_logits", min=1, max=bc.max_num_tokens),
-        "num_mm": Dim("num_mm", min=1, max=bc.max_num_tokens + 1),
-        "num_blocks": Dim("num_blocks", min=2, max=MAX_BLOCKS_DIM),
-        "max_q": Dim("max_q", min=1, max=bc.max_num_tokens),
-    }
 
 
 def export_step(

@@ -21,10 +21,10 @@ import plugins
 from inkling.published.checkpoint import PublishedCheckpoint
 from inkling.published.config import InklingConfig
 
-from .build import BuildLog, export_dims
 from .config import BuildConfig, BuildError
 from .contracts import STEP
 from .engine import ENGINE_FORMAT_VERSION, Engine
+from .profiles import BuildLog, export_dims
 from .published_network import PublishedCacheLayout, PublishedStepProgram, conv_channels, engine_tensors
 
 OPS = ("sconv", "kv_cache_write", "bank_attention", "sigmoid_sink_moe")

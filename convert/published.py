@@ -30,8 +30,8 @@ from tqdm import tqdm
 from inkling import nvfp4
 from inkling.checkpoint import CheckpointError, ShardedWriter
 from inkling.published.checkpoint import PublishedCheckpoint
-from inkling.published.config import InklingConfig, QuantConfig
-from inkling.published.layout import checkpoint_tensors, published_exclude_modules
+from inkling.published.config import InklingConfig, QuantConfig, published_exclude_modules
+from inkling.published.layout import checkpoint_tensors
 
 from . import output
 from .calibrate import CALIBRATION_TEXTS, MAX_PROMPT_TOKENS

@@ -606,6 +606,26 @@ def _write_json(path: str, data: Any) -> None:
         f.write("\n")
 
 
+def published_exclude_modules(c: InklingConfig) -> tuple[str, ...]:
+    """The modules an NVFP4 checkpoint keeps unquantized, as exclude_modules lists them: everything of the
+    trunk and towers but the routed experts of MoE layers after the first (INKLING_SERVING §2.2). The
+    published list's exact entries are not visible in any public source; its meaning is this. MTP is
+    BF16 but not listed, as in the published file."""
+    t = c.text
+    out = ["model.llm.embed", "model.llm.embed_norm"]
+    first_moe = next((i for i in range(t.num_hidden_layers) if not t.is_dense(i)), None)
+    for i in range(t.num_hidden_layers):
+        p = f"model.llm.layers.{i}."
+        out += [p + m for m in ("attn_norm", "attn", "attn_sconv", "mlp_norm", "mlp_sconv")]
+        if t.is_dense(i):
+            out.append(p + "mlp")
+        else:
+            out += [p + "mlp.gate", p + "mlp.shared_experts"]
+            if i == first_moe:
+                out.append(p + "mlp.experts")
+    return (*out, "model.llm.norm", "model.llm.unembed", "model.visual", "model.audio")
+
+
 # Presets (INKLING_SPEC "Presets").
 
 _MTP_LOCAL = (0, 2, 4, 5, 6, 7)  # the published depths 1 and 3 are full attention
@@ -671,7 +691,5 @@ def preset(name: str, nvfp4: bool = False) -> InklingConfig:
         raise ConfigError(f"unknown preset {name!r}; expected one of {list(PRESETS)}")
     config = PRESETS[name]
     if nvfp4:
-        from .layout import published_exclude_modules
-
         config = config.replace(quant=QuantConfig(exclude_modules=published_exclude_modules(config)))
     return config

@@ -161,23 +161,3 @@ def checkpoint_tensors(c: InklingConfig) -> dict[str, Spec]:
     if stored != BF16:
         out = {n: (s, stored if dt == BF16 else dt) for n, (s, dt) in out.items()}
     return out
-
-
-def published_exclude_modules(c: InklingConfig) -> tuple[str, ...]:
-    """The modules an NVFP4 checkpoint keeps unquantized, as exclude_modules lists them: everything of the
-    trunk and towers but the routed experts of MoE layers after the first (INKLING_SERVING §2.2). The
-    published list's exact entries are not visible in any public source; its meaning is this. MTP is
-    BF16 but not listed, as in the published file."""
-    t = c.text
-    out = ["model.llm.embed", "model.llm.embed_norm"]
-    first_moe = next((i for i in range(t.num_hidden_layers) if not t.is_dense(i)), None)
-    for i in range(t.num_hidden_layers):
-        p = f"model.llm.layers.{i}."
-        out += [p + m for m in ("attn_norm", "attn", "attn_sconv", "mlp_norm", "mlp_sconv")]
-        if t.is_dense(i):
-            out.append(p + "mlp")
-        else:
-            out += [p + "mlp.gate", p + "mlp.shared_experts"]
-            if i == first_moe:
-                out.append(p + "mlp.experts")
-    return (*out, "model.llm.norm", "model.llm.unembed", "model.visual", "model.audio")

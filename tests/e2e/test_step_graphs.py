@@ -311,7 +311,7 @@ def test_padded_draft_picks_equal_unpadded(engine_f32, unpadded):
 
 
 def test_full_batch_of_ragged_drafts_pads_to_the_programs_extra_sequence(engine_f32, unpadded):
-    """The step and head programs take max_batch_size + 1 sequences (builder.build.program_batch), so a
+    """The step and head programs take max_batch_size + 1 sequences (builder.profiles.program_batch), so a
     full batch with ragged draft counts (k = 0, 1, 3, 8 at max_batch_size 4) is padded with that extra
     sequence instead of running eagerly."""
     requests, base = unpadded
