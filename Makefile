@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 unit: $(STAMP)
-	$(PY) -m pytest -q -m "not gpu and not slow" tests
+	$(PY) -m pytest -q -m "not gpu and not slow" --durations=25 tests
 
 test: lint unit
 
