@@ -142,3 +142,40 @@ def test_a_bad_published_checkpoint_is_refused_by_name(ckpt, tmp_path):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(BuildError, match=r"wrong shape or dtype: model\.llm\.embed\.weight"):
         build(bad, build_config("float32"), echo=False)
+
+
+def test_engine_equals_transformers_on_its_own_save_pretrained(tmp_path):
+    """transformers' own checkpoint: a randomly initialised InklingForConditionalGeneration at inkling-tiny's
+    widths, every norm weight, selection bias, global scale and sconv randomised (its init leaves them
+    1, 0, 1), saved with save_pretrained (float32, no MTP tensors), built and served."""
+    c = preset("inkling-tiny")
+    hc = transformers.InklingConfig.from_dict(c.to_dict())
+    torch.manual_seed(0)
+    model = transformers.InklingForConditionalGeneration(hc).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(("norm.weight", "layernorm.weight")):
+                t.copy_(1 + 0.1 * torch.randn(t.shape, generator=g))
+            elif name.endswith("e_score_correction_bias"):
+                t.copy_(0.1 * torch.randn(t.shape, generator=g))
+            elif name.endswith("gate.global_scale"):
+                t.copy_(0.1 + 0.1 * torch.rand(t.shape, generator=g))
+            elif name.endswith("global_scale"):
+                t.copy_(0.5 + torch.rand(t.shape, generator=g))
+            elif "sconv" in name or name.endswith("rel_logits_proj.proj"):
+                t.copy_(0.2 * torch.randn(t.shape, generator=g))
+            elif name.endswith("embed_tokens.weight"):
+                t.copy_(torch.randn(t.shape, generator=g))
+            elif t.dim() >= 2:
+                t.copy_(torch.randn(t.shape, generator=g) * t.shape[-1] ** -0.5)
+    model.save_pretrained(tmp_path / "hf")
+    engine = build(tmp_path / "hf", build_config("float32"), echo=False)
+    ps = prompts()
+    got = [
+        o.token_ids
+        for o in LLM(engine).generate(
+            [PromptInput(p) for p in ps], SamplingParams(max_tokens=8, ignore_eos=True)
+        )
+    ]
+    assert got == [greedy(model, p.tolist(), 8) for p in ps]
