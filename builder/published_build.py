@@ -20,6 +20,8 @@ import torch
 import plugins
 from inkling.published.checkpoint import PublishedCheckpoint
 from inkling.published.config import InklingConfig
+from inkling.published.processing import PreprocessorSettings
+from inkling.published.towers import AudioEmbedding, EncoderProgram, VisionTower
 
 from .config import BuildConfig, BuildError
 from .contracts import STEP
@@ -104,6 +106,38 @@ def step_example(config: InklingConfig, bc: BuildConfig, device, dtype) -> dict[
     )
 
 
+def encoder_layout(config: InklingConfig, bc: BuildConfig) -> dict:
+    """The towers' inputs for the runtime's encoder graphs: one output row per row along `dim`."""
+    v = config.vision
+    return {
+        "vision": {"shape": [0, v.temporal_patch_size, v.patch_size, v.patch_size, v.num_channels], "dim": 0,
+                   "input": "float", "max_rows": bc.max_input_len},
+        "audio": {"shape": [0, config.audio.n_mel_bins], "dim": 0, "input": "long", "max_rows": bc.max_input_len},
+    }  # fmt: skip
+
+
+def export_towers(config, bc, weights, device, dtype) -> dict[str, torch.export.ExportedProgram]:
+    """The vision tower and the audio embedding, their weights inside the programs (they are small)."""
+    from torch.export import Dim
+
+    v = config.vision
+    n = Dim("rows", min=1, max=bc.max_input_len)
+    pixels = torch.zeros(
+        3, v.temporal_patch_size, v.patch_size, v.patch_size, v.num_channels, dtype=dtype, device=device
+    )
+    levels = torch.zeros(5, config.audio.n_mel_bins, dtype=torch.long, device=device)
+    out = {}
+    for name, tower, example in (
+        ("vision", VisionTower(config), pixels),
+        ("audio", AudioEmbedding(config), levels),
+    ):
+        prefix = "model.visual." if name == "vision" else "model.audio."
+        program = EncoderProgram(tower, {k: w for k, w in weights.items() if k.startswith(prefix)})
+        with torch.no_grad():
+            out[name] = torch.export.export(program.eval(), (example,), dynamic_shapes=({0: n},))
+    return out
+
+
 def build_published(
     source: str | os.PathLike, build_config: BuildConfig | None = None, echo: bool = True
 ) -> Engine:
@@ -136,6 +170,7 @@ def build_published(
             log(
                 "MTP depths: not built yet for the real model (the MTP issue); the engine decodes without drafts"
             )
+    settings = PreprocessorSettings.from_pretrained(source)
     impls = resolve_impls(bc)
     for name, impl in impls.items():
         log(f"plugin {name}: {impl}, version {plugins.get(name).version}")
@@ -148,14 +183,20 @@ def build_published(
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
         log(f"weights: {len(weights)} tensors, {nbytes / 1e9:.3f} GB")
     with log.phase("export"):
-        example = {"weights": weights, **step_example(config, bc, device, dtype)}
+        step_weights = {
+            n: w for n, w in weights.items() if not n.startswith(("model.visual.", "model.audio."))
+        }
+        example = {"weights": step_weights, **step_example(config, bc, device, dtype)}
         args = [example[name] for name in STEP.names]
         dynamic = STEP.dynamic_shapes(export_dims(bc), example)
         with torch.no_grad():
             step = torch.export.export(
                 PublishedStepProgram(config, impls), tuple(args), dynamic_shapes=dynamic
             )
-        log("programs: ['step']")
+        towers = {n: w for n, w in weights.items() if n.startswith(("model.visual.", "model.audio."))}
+        weights = {n: w for n, w in weights.items() if n not in towers}
+        programs = {"step": step, **export_towers(config, bc, towers, device, dtype)}
+        log(f"programs: {sorted(programs)}")
     ops = {
         name: {"impl": impls[name], "version": plugins.get(name).version,
                "weight_layout_version": plugins.get(name).weight_layout_version}
@@ -173,5 +214,7 @@ def build_published(
         "dtype": bc.dtype,
         "draft_vocab": None,
         "cache_layout": cache_layout(config),
+        "encoders": encoder_layout(config, bc),
+        "preprocessor": settings.to_dict(),
     }
-    return Engine(engine_config, weights, {"step": step}, tokenizer_json, generation_config, log.lines)
+    return Engine(engine_config, weights, programs, tokenizer_json, generation_config, log.lines)

@@ -82,8 +82,8 @@ def engine_tensors(
     """The checkpoint's tensors in the engine's form (module docstring); NVFP4 stacks keep their codes."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in tensors:
-        if name.startswith(("model.mtp.", "model.visual.", "model.audio.")):
-            continue  # MTP and the towers: their own issues
+        if name.startswith("model.mtp."):
+            continue  # MTP: its own issue
         if name.endswith(
             ("attn.wq_du.weight", "attn.wk_dv.weight", "attn.wv_dv.weight", "attn.wr_du.weight")
         ):

@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     from builder.engine import read_engine_config
 
     published = read_engine_config(args.engine_dir).get("model_type") == "inkling_mm_model"
-    # The real Inkling takes text for now (its towers come with the multimodal issue).
-    text, images, audios = (TEXT_PROMPT, [], []) if published else (PROMPT, [demo_png()], [demo_wav()])
-    what = "" if published else " + a 48x40 PNG + a 1 s 440 Hz WAV"
+    text = TEXT_PROMPT if published else PROMPT  # the real Inkling's placeholders and markers
+    images, audios = [demo_png()], [demo_wav()]
+    what = " + a 48x40 PNG + a 1 s 440 Hz WAV"
     with TritonServer(cfg):
         responses: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(cfg.grpc_url)

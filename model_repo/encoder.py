@@ -29,16 +29,19 @@ class EncoderModel:
         self.output_name = cfg["output"][0]["name"]
         engine = read_engine_config(engine_dir)
         self.dtype = getattr(torch, engine["dtype"])
-        self.program = None
-        if engine.get("model_type") == "inkling_mm_model":
-            # The real Inkling's towers are not built yet (the multimodal issue): this model passes the
-            # empty inputs of text prompts through and refuses media (preprocessing refuses them first).
-            audio = engine["pretrained_config"]["audio_config"]
+        self.published = engine.get("model_type") == "inkling_mm_model"
+        if self.published:  # the real Inkling's towers: pixel values [N, 2, 40, 40, 3], levels [F, mel_bins]
+            audio, vision = (
+                engine["pretrained_config"]["audio_config"],
+                engine["pretrained_config"]["vision_config"],
+            )
             self.num_mels, self.num_levels, self.frame_stack = audio["n_mel_bins"], audio["mel_vocab_size"], 1
-            return
-        audio = engine["pretrained_config"]["audio"]
-        self.num_mels, self.num_levels = audio["num_mels"], audio["num_levels"]
-        self.frame_stack = audio["frame_stack"]
+            self.patch_shape = (vision["temporal_patch_size"], vision["patch_size"], vision["patch_size"], 3)
+        else:
+            audio = engine["pretrained_config"]["audio"]
+            self.num_mels, self.num_levels = audio["num_mels"], audio["num_levels"]
+            self.frame_stack = audio["frame_stack"]
+            self.patch_shape = (16, 16, 3)
         path = os.path.join(engine_dir, f"rank0.{self.program_name}.pt2")
         # An indexed device: the programs assert their input's device, and cuda != cuda:0.
         self.device = torch.device(
@@ -61,12 +64,8 @@ class EncoderModel:
         try:
             x = torch.from_numpy(np.ascontiguousarray(require(request, self.input_name)))
             self._check(x)
-            if x.shape[0 if self.program_name == "vision" else 1] == 0:
+            if x.shape[0 if self.program_name == "vision" or self.published else 1] == 0:
                 out = torch.zeros(0, 0)
-            elif self.program is None:
-                raise RequestError(
-                    f"this engine has no {self.program_name} encoder yet (the real Inkling's towers)"
-                )
             else:
                 out = self.program(x.to(self.device, self.dtype if x.is_floating_point() else x.dtype))
             return _response(self.output_name, out)
@@ -77,12 +76,16 @@ class EncoderModel:
 
     def _check(self, x: torch.Tensor) -> None:
         if self.program_name == "vision":
-            if x.dim() != 4 or tuple(x.shape[1:]) != (16, 16, 3):
-                raise RequestError(f"image patches must be [N, 16, 16, 3], got {list(x.shape)}")
+            if tuple(x.shape[1:]) != self.patch_shape:
+                shape = ", ".join(map(str, self.patch_shape))
+                raise RequestError(f"image patches must be [N, {shape}], got {list(x.shape)}")
             if not torch.isfinite(x).all():
                 raise RequestError("image patches hold non-finite values")
             return
-        if x.dim() != 2 or x.shape[0] != self.num_mels or x.shape[1] % self.frame_stack:
+        if self.published:
+            if x.dim() != 2 or x.shape[1] != self.num_mels:
+                raise RequestError(f"audio levels must be [F, {self.num_mels}], got {list(x.shape)}")
+        elif x.dim() != 2 or x.shape[0] != self.num_mels or x.shape[1] % self.frame_stack:
             raise RequestError(
                 f"audio levels must be [{self.num_mels}, F], F a multiple of {self.frame_stack}, "
                 f"got {list(x.shape)}"

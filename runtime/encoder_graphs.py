@@ -47,7 +47,16 @@ class GraphedEncoder:
         self.program, self.kind = program, kind
         self.device = torch.device(device)
         model = engine_config["pretrained_config"]
-        if kind == "vision":
+        layout = engine_config.get("encoders", {}).get(kind)
+        if (
+            layout is not None
+        ):  # the real Inkling's towers (builder/published_build.py): one row per input row
+            self.shape, self.dim, self.step = list(layout["shape"]), layout["dim"], 1
+            self.in_dtype, max_rows = (
+                (dtype if layout["input"] == "float" else torch.long),
+                layout["max_rows"],
+            )
+        elif kind == "vision":
             side = model["vision"]["max_image_side"] // 16
             self.shape, self.dim, self.step, self.in_dtype = [0, 16, 16, 3], 0, 1, dtype
             max_rows = side * side

@@ -90,9 +90,12 @@ class LLM:
         )  # fmt: skip
         self.processor = None
         if self.engine.tokenizer and engine.is_published:
-            from inkling.published.processing import TextProcessor
+            from inkling.published.processing import PreprocessorSettings
+            from inkling.published.processing import Processor as PublishedProcessor
 
-            self.processor = TextProcessor(self.engine.tokenizer)
+            settings = PreprocessorSettings(**{k: v for k, v in engine.config.get("preprocessor", {}).items()
+                                               if k in PreprocessorSettings.__dataclass_fields__})  # fmt: skip
+            self.processor = PublishedProcessor(self.engine.config, self.engine.tokenizer, settings)
         elif self.engine.tokenizer:
             self.processor = Processor(self.engine.config, self.engine.tokenizer)
         self._ids = itertools.count()
@@ -118,8 +121,17 @@ class LLM:
             )
         return self.embed_media(prompt)
 
-    def embed_media(self, prompt: ProcessedPrompt) -> PromptInput:
+    def embed_media(self, prompt) -> PromptInput:
         c = self.engine.config
+        if self.engine.runner.engine.is_published:  # inkling.published.processing.Prompt
+            ids = prompt.input_ids
+            if not prompt.pixel_values and not prompt.audio_levels:
+                return PromptInput(ids)
+            rows = self.engine.runner.encode_published(prompt.pixel_values, prompt.audio_levels)
+            positions = torch.cat(
+                [(ids == c.image_token_id).nonzero().flatten(), (ids == c.audio_token_id).nonzero().flatten()]
+            )
+            return PromptInput(ids, rows, positions)
         ids = prompt.input_ids
         img, aud = self.engine.runner.encode_media(list(prompt.images), list(prompt.audios))
         positions, rows = [], []

@@ -266,6 +266,16 @@ class ModelRunner:
         empty = torch.zeros(0, H, dtype=self.dtype, device=self.device)
         return (torch.cat(img) if img else empty), (torch.cat(aud) if aud else empty)
 
+    @torch.no_grad()
+    def encode_published(self, pixel_values: list[torch.Tensor], levels: list[torch.Tensor]) -> torch.Tensor:
+        """The real Inkling's media embeddings, images' then audio clips', in prompt order: [M, H]."""
+        if (pixel_values and self.vision is None) or (levels and self.audio is None):
+            raise ValueError("this engine has no vision tower or audio embedding: send text")
+        rows = [self.vision(p.to(self.device, self.dtype)) for p in pixel_values]
+        rows += [self.audio(a.to(self.device)) for a in levels]
+        empty = torch.zeros(0, self.config.hidden_size, dtype=self.dtype, device=self.device)
+        return torch.cat(rows).to(self.dtype) if rows else empty
+
     def _mirror(self, method: str, *args) -> None:
         """Rank 0 of a tensor-parallel engine: have every other rank make the same call first."""
         if self.workers is not None:

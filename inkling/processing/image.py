@@ -14,7 +14,7 @@ from inkling.processing.errors import ProcessingError
 
 DEFAULT_MAX_IMAGE_BYTES = 64 * 2**20
 DEFAULT_MAX_IMAGE_PIXELS = 8192 * 8192
-IMAGE_FORMATS = ("PNG", "JPEG")
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
 """Formats Pillow may decode: a serving endpoint should expose as few decoders as it needs."""
 
 
@@ -23,12 +23,14 @@ def open_image(
     *,
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    rgb: bool = True,
 ) -> Image.Image:
-    """Decode `data` to an RGB image, checking the byte size and, from the header before decoding
-    the pixel data, the pixel count (a small file may declare a huge image)."""
+    """Decode `data` to an RGB image (rgb=False: in its own mode, alpha kept), checking the byte size and,
+    from the header before decoding the pixel data, the pixel count (a small file may declare a huge
+    image)."""
     if isinstance(data, Image.Image):
         _check_pixels(data.width, data.height, max_pixels)
-        return data if data.mode == "RGB" else data.convert("RGB")
+        return data if data.mode == "RGB" or not rgb else data.convert("RGB")
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"an image must be encoded bytes or a PIL.Image, got {type(data).__name__}")
     if len(data) > max_bytes:
@@ -45,7 +47,7 @@ def open_image(
     _check_pixels(img.width, img.height, max_pixels)
     try:
         img.load()
-        return img.convert("RGB")
+        return img.convert("RGB") if rgb else img
     except (OSError, SyntaxError, ValueError, EOFError) as e:
         raise _undecodable(data, e) from e
 

@@ -35,6 +35,7 @@ from ..checkpoint import GENERATION_CONFIG_FILE, ShardedWriter
 from ..synth import _E2M1_MEAN_SQUARE, _generator, _normal, _publish, _random_bytes
 from .config import InklingConfig, preset
 from .layout import NVFP4_GROUP, checkpoint_tensors
+from .processing import PREPROCESSOR_FILE, PreprocessorSettings
 from .tokens import build_tiny_tokenizer, save_tokenizer
 
 MAX_TRAINED_VOCAB = 4096  # the real 200058-token tokenizer ships with the real checkpoint, not with synth
@@ -133,6 +134,8 @@ def write_checkpoint(
             c.text.num_real_tokens <= MAX_TRAINED_VOCAB
         ):  # a toy vocabulary gets a trained tokenizer of its size
             save_tokenizer(build_tiny_tokenizer(c.text.num_real_tokens), tmp)
+        with open(os.path.join(tmp, PREPROCESSOR_FILE), "w") as f:
+            json.dump(PreprocessorSettings().to_dict(), f, indent=2)  # the published settings
         generation = {"eos_token_id": c.eos_token_id, "max_new_tokens": 256}
         with open(os.path.join(tmp, GENERATION_CONFIG_FILE), "w") as f:
             json.dump(generation, f, indent=2)

@@ -84,8 +84,23 @@ def test_text_prompts_use_the_checkpoints_tokenizer_without_bos(engine_dir, ckpt
     out = llm.generate([text], SamplingParams(max_tokens=6, ignore_eos=True))[0]
     assert out.prompt_tokens == len(ids)
     assert out.token_ids == greedy(hf, ids, 6)
-    with pytest.raises(ValueError, match="not served for the real Inkling yet"):
-        llm.generate([{"text": text, "images": [torch.zeros(40, 40, 3)]}], SamplingParams(max_tokens=2))
+
+
+def test_text_image_audio_prompt_equals_transformers(engine_dir, hf):
+    """Images of two sizes and a stereo 44.1 kHz clip through the processor, the towers and the step;
+    transformers gets the same pixel values and dMel levels (its image processor needs torchvision)."""
+    from runtime.demo import reference_greedy
+    from tests.unit.test_published_processing import png, wav
+
+    llm = LLM(Engine.from_dir(engine_dir))
+    text = "look <|unused_200054|> then <|unused_200054|> and hear <|unused_200053|>:"
+    images, audios = [png(50, 30, seed=1), png(41, 90, mode="RGBA", seed=2)], [wav(0.4, 44100, 2, 2)]
+    out = llm.generate(
+        [{"text": text, "images": images, "audios": audios}], SamplingParams(max_tokens=8, ignore_eos=True)
+    )[0]
+    p = llm.processor(text, images, audios)
+    assert out.prompt_tokens == len(p.input_ids) == 40  # 6 + 15 image rows, 8 audio frames, 11 of text
+    assert out.token_ids == reference_greedy(hf, p, 8)
 
 
 def test_generation_stops_at_the_models_eos(engine_dir):

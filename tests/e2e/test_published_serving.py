@@ -1,6 +1,6 @@
-"""The real Inkling behind a real Triton server: text through gRPC streaming and HTTP equals the
-in-process runtime (and so transformers, tests/e2e/test_published_engine.py); media get a clear error
-until the towers are built, and the server keeps serving."""
+"""The real Inkling behind a real Triton server: text, images and audio through gRPC streaming and HTTP
+equal the in-process runtime (and so transformers, tests/e2e/test_published_engine.py); a bad image gets
+a clear error and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from builder.build import build  # noqa: E402
 from builder.config import BuildConfig  # noqa: E402
-from inkling.demo import demo_png  # noqa: E402
+from inkling.demo import demo_png, demo_wav  # noqa: E402
 from inkling.published.config import preset  # noqa: E402
 from inkling.published.synth import write_checkpoint  # noqa: E402
 from model_repo.serve import ServeConfig, TritonServer, free_port  # noqa: E402
@@ -26,6 +26,11 @@ from runtime import LLM, SamplingParams  # noqa: E402
 from tests.e2e.test_serving import grpc_stream, inputs, join, result  # noqa: E402
 
 TEXTS = ["The history of the printing press", "def fibonacci(n):"]
+MEDIA = {
+    "text": "see <|unused_200054|> hear <|unused_200053|>",
+    "images": [demo_png(50, 30)],
+    "audios": [demo_wav(0.3)],
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,18 +55,19 @@ def server(engine_dir, tmp_path_factory):
 
 
 def test_text_through_triton_equals_in_process(engine_dir, server):
-    outs = LLM(engine_dir).generate(TEXTS, SamplingParams(max_tokens=8))
+    outs = LLM(engine_dir).generate([*TEXTS, MEDIA], SamplingParams(max_tokens=8))
     want = [(o.text, o.token_ids, o.finish_reason) for o in outs]
-    requests = [(f"r{i}", inputs(grpcclient, {"text": t}, stream=True)) for i, t in enumerate(TEXTS)]
+    prompts = [{"text": t} for t in TEXTS] + [MEDIA]
+    requests = [(f"r{i}", inputs(grpcclient, p, stream=True)) for i, p in enumerate(prompts)]
     streams = grpc_stream(server.cfg.grpc_url, requests)
-    assert [join(streams[f"r{i}"]) for i in range(len(TEXTS))] == want
+    assert [join(streams[f"r{i}"]) for i in range(len(prompts))] == want
     client = httpclient.InferenceServerClient(server.cfg.http_url)
     try:
         assert result(client.infer("ensemble_unary", inputs(httpclient, {"text": TEXTS[0]}))) == want[0]
-        with pytest.raises(InferenceServerException, match="not served for the real Inkling yet"):
-            client.infer(
-                "ensemble_unary", inputs(httpclient, {"text": "a picture", "images": [demo_png(40, 24)]})
-            )
+        assert result(client.infer("ensemble_unary", inputs(httpclient, MEDIA))) == want[2]
+        bad = {"text": "a picture <|unused_200054|>", "images": [b"\x89PNG not really"]}
+        with pytest.raises(InferenceServerException, match="cannot decode image"):
+            client.infer("ensemble_unary", inputs(httpclient, bad))
         assert result(client.infer("ensemble_unary", inputs(httpclient, {"text": TEXTS[1]}))) == want[1]
     finally:
         client.close()

@@ -31,7 +31,7 @@ from model_repo.tensors import (
     text,
 )
 
-SIGNATURES = (b"\x89PNG", b"\xff\xd8\xff", b"RIFF")
+SIGNATURES = (b"\x89PNG", b"\xff\xd8\xff", b"RIFF")  # WebP is RIFF too
 
 
 def decode_media(value: bytes, name: str, index: int, max_bytes: int) -> bytes:
@@ -71,10 +71,23 @@ class TritonPythonModel:
         self.max_image_bytes = int(parameter(cfg, "max_image_bytes"))
         self.max_audio_bytes = int(parameter(cfg, "max_audio_bytes"))
         tokenizer = Tokenizer.from_file(os.path.join(engine_dir, "tokenizer.json"))
-        if self.published:  # text prompts (inkling/published/processing.py), no BOS
-            from inkling.published.processing import TextProcessor
+        if self.published:  # the real Inkling's processor (inkling/published/processing.py), no BOS
+            from inkling.published.config import InklingConfig as PublishedConfig
+            from inkling.published.processing import PreprocessorSettings
+            from inkling.published.processing import Processor as PublishedProcessor
 
-            self.processor = TextProcessor(tokenizer)
+            config = PublishedConfig.from_dict(engine["pretrained_config"], "engine config.json")
+            fields = PreprocessorSettings.__dataclass_fields__
+            settings = PreprocessorSettings(
+                **{k: v for k, v in engine.get("preprocessor", {}).items() if k in fields}
+            )
+            self.published_config = config
+            self.processor = PublishedProcessor(
+                config, tokenizer, settings, max_image_bytes=self.max_image_bytes,
+                max_image_pixels=int(parameter(cfg, "max_image_pixels")), max_audio_bytes=self.max_audio_bytes,
+                max_audio_seconds=float(parameter(cfg, "max_audio_seconds")),
+            )  # fmt: skip
+            self.num_mels = config.audio.n_mel_bins
             torch.set_num_threads(1)
             return
         self.processor = Processor(
@@ -106,18 +119,11 @@ class TritonPythonModel:
             raise RequestError(f"{len(images)} images, over the limit of {self.max_images} per request")
         if len(audios) > self.max_audios:
             raise RequestError(f"{len(audios)} audios, over the limit of {self.max_audios} per request")
-        if self.published and (len(images) or len(audios)):
-            raise RequestError(
-                "images and audio are not served for the real Inkling yet (its vision tower and dMel audio "
-                "come with the multimodal issue): send text"
-            )
         images = [decode_media(v, "image_data_input", i, self.max_image_bytes) for i, v in enumerate(images)]
         audios = [decode_media(v, "audio_data_input", i, self.max_audio_bytes) for i, v in enumerate(audios)]
-        out = (
-            self.processor(prompt, images, audios)
-            if self.published
-            else self.processor(prompt, images=images, audios=audios)
-        )
+        if self.published:
+            return self._published_response(self.processor(prompt, images, audios))
+        out = self.processor(prompt, images=images, audios=audios)
         num_tokens = len(out.input_ids)
         if num_tokens > self.max_input_len:
             raise RequestError(
@@ -142,6 +148,36 @@ class TritonPythonModel:
             output_tensors=[
                 tensor("INPUT_IDS", ids.numpy(), np.int64),
                 tensor("IMAGE_PATCHES", patches.numpy(), np.float32),
+                tensor("AUDIO_LEVELS", levels.numpy(), np.int64),
+                tensor("MM_POSITIONS", positions.numpy(), np.int64),
+            ]
+        )
+
+    def _published_response(self, out) -> Any:
+        """The real Inkling: pixel values [N, 2, 40, 40, 3], dMel levels [F, mel_bins], placeholder positions."""
+        num_tokens = len(out.input_ids)
+        if num_tokens > self.max_input_len:
+            raise RequestError(
+                f"prompt is {num_tokens} tokens (media included), over the engine's max_input_len {self.max_input_len}"
+            )
+        c, ids = self.published_config, out.input_ids
+        v = c.vision
+        empty = torch.zeros(0, v.temporal_patch_size, v.patch_size, v.patch_size, 3)
+        pixels = torch.cat(out.pixel_values) if out.pixel_values else empty
+        levels = (
+            torch.cat(out.audio_levels)
+            if out.audio_levels
+            else torch.zeros(0, self.num_mels, dtype=torch.int64)
+        )
+        positions = torch.cat(
+            [(ids == c.image_token_id).nonzero().flatten(), (ids == c.audio_token_id).nonzero().flatten()]
+        )
+        import triton_python_backend_utils as pb_utils
+
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                tensor("INPUT_IDS", ids.numpy(), np.int64),
+                tensor("IMAGE_PATCHES", pixels.numpy(), np.float32),
                 tensor("AUDIO_LEVELS", levels.numpy(), np.int64),
                 tensor("MM_POSITIONS", positions.numpy(), np.int64),
             ]
