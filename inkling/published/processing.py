@@ -121,9 +121,10 @@ def image_pixel_values(
         .permute(1, 3, 0, 2, 4)
         .reshape(rows * cols, 3, patch, patch)
     )
-    # transformers fuses rescale (1/255) into the normalisation: (x - 255 mean) / (255 std)
-    mean = torch.tensor([m * (1.0 / (1 / 255)) for m in CLIP_MEAN]).view(1, 3, 1, 1)
-    std = torch.tensor([s * (1.0 / (1 / 255)) for s in CLIP_STD]).view(1, 3, 1, 1)
+    # transformers fuses rescale (1/255) into the normalisation, (x - 255 mean) / (255 std), the products
+    # taken in float32: so here, bit for bit
+    mean = (torch.tensor(CLIP_MEAN) * (1.0 / (1 / 255))).view(1, 3, 1, 1)
+    std = (torch.tensor(CLIP_STD) * (1.0 / (1 / 255))).view(1, 3, 1, 1)
     patches = (patches - mean) / std
     return patches[..., None].repeat(1, 1, 1, 1, time).permute(0, 4, 2, 3, 1).contiguous()
 
