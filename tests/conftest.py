@@ -70,6 +70,10 @@ SLOW = {
     "tests/e2e/test_bench_smoke.py::test_sm90_moe_report_smoke",
     # ONNX export with external weights (18 s); the fused-plugin export stays in CI
     "tests/e2e/test_onnx_export.py::test_unfused_plugin_nodes_and_external_weights",
+    # Triton serving variants that start servers of their own (20-26 s): `make serve`'s binding and stop,
+    # and the engine on a stub thread; the module's server (engine in its own process) stays in CI
+    "tests/e2e/test_serving.py::test_make_serve_binds_localhost_and_stops_cleanly",
+    "tests/e2e/test_serving.py::test_engine_on_a_stub_thread_equals_in_process",
 }
 
 
