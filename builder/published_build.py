@@ -147,7 +147,7 @@ def build_published(
         raise BuildError(f"tensor parallelism (tp_size {bc.tp_size}) is not built for the real Inkling yet")
     dtype, device = getattr(torch, bc.dtype), torch.device(bc.device)
     with log.phase("read"):
-        from inkling.checkpoint import CheckpointError
+        from inkling.checkpoint import CheckpointError, load_generation_config
 
         try:
             reader = PublishedCheckpoint(source)
@@ -157,11 +157,7 @@ def build_published(
         tok = os.path.join(os.fspath(source), "tokenizer.json")
         tokenizer_json = open(tok, encoding="utf-8").read() if os.path.exists(tok) else None
         gen = os.path.join(os.fspath(source), "generation_config.json")
-        generation_config = None
-        if os.path.exists(gen):
-            import json
-
-            generation_config = json.load(open(gen, encoding="utf-8"))
+        generation_config = load_generation_config(source) if os.path.exists(gen) else None
         kind = "NVFP4" if config.is_quantized else "BF16"
         log(
             f"checkpoint {os.fspath(source)}: the real Inkling, {kind}, {config.text.num_hidden_layers} layers"

@@ -40,6 +40,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -282,6 +283,16 @@ def write_checkpoint(
     """Write a checkpoint directory that follows the spec (§8: config, tokenizer, generation config,
     safetensors shards and index, README) atomically: a temp dir beside `out`, renamed when complete.
     `tensors` yields (name, tensor) for every tensor of `expected_tensors(config)`, in any order."""
+    with atomic_checkpoint_dir(out, force) as tmp:
+        with open(os.path.join(tmp, "README.md"), "w") as f:
+            f.write(readme)
+        _write_checkpoint(tmp, config, tok, tensors, max_shard_bytes, progress)
+
+
+@contextmanager
+def atomic_checkpoint_dir(out: str | os.PathLike, force: bool = False) -> Iterator[str]:
+    """A temp dir beside `out` to write a checkpoint into; it replaces `out` once the block completes, and
+    is removed if it fails. An existing non-empty `out` needs `force`."""
     out = os.path.abspath(os.fspath(out))
     if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out) and not force):
         raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
@@ -290,9 +301,7 @@ def write_checkpoint(
     tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is not
     try:
-        with open(os.path.join(tmp, "README.md"), "w") as f:
-            f.write(readme)
-        _write_checkpoint(tmp, config, tok, tensors, max_shard_bytes, progress)
+        yield tmp
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -93,8 +93,7 @@ class LLM:
             from inkling.published.processing import PreprocessorSettings
             from inkling.published.processing import Processor as PublishedProcessor
 
-            settings = PreprocessorSettings(**{k: v for k, v in engine.config.get("preprocessor", {}).items()
-                                               if k in PreprocessorSettings.__dataclass_fields__})  # fmt: skip
+            settings = PreprocessorSettings.from_dict(engine.config.get("preprocessor", {}))
             self.processor = PublishedProcessor(self.engine.config, self.engine.tokenizer, settings)
         elif self.engine.tokenizer:
             self.processor = Processor(self.engine.config, self.engine.tokenizer)

@@ -60,7 +60,11 @@ class PreprocessorSettings:
         if not os.path.exists(file):
             return cls()
         with open(file) as f:
-            d = json.load(f)
+            return cls.from_dict(json.load(f))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PreprocessorSettings:
+        """The settings a preprocessor_config.json (or an engine config's copy) holds; other keys ignored."""
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
     def to_dict(self) -> dict:
@@ -235,12 +239,3 @@ class Processor:
                 out.append(text[i])
                 i += 1
         return "".join(out)
-
-
-class TextProcessor(Processor):
-    """An engine without towers (none is built yet from a checkpoint that lacks them): text only."""
-
-    def __call__(self, text, images=(), audios=()) -> Prompt:
-        if len(images) or len(audios):
-            raise ValueError("this engine has no vision tower or audio embedding: send text")
-        return super().__call__(text)

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import torch
 
 from ..checkpoint import GENERATION_CONFIG_FILE, ShardedWriter
-from ..synth import _E2M1_MEAN_SQUARE, _generator, _normal, _publish, _random_bytes
+from ..synth import _E2M1_MEAN_SQUARE, _generator, _normal, _random_bytes, _write_json, atomic_checkpoint_dir
 from .config import InklingConfig, preset
 from .layout import NVFP4_GROUP, checkpoint_tensors
 from .processing import PREPROCESSOR_FILE, PreprocessorSettings
@@ -118,27 +118,18 @@ def write_checkpoint(
     out: str | os.PathLike, c: InklingConfig, seed: int = 0, force: bool = False, device="cpu"
 ) -> str:
     """Write the synthetic checkpoint of `c` to `out` atomically; returns the directory."""
-    import json
-    import tempfile
-
-    out = os.path.abspath(os.fspath(out))
-    if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out) and not force):
-        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
-    os.chmod(tmp, 0o755)
-    try:
+    with atomic_checkpoint_dir(out, force) as tmp:
         c.save(tmp)
         if (
             c.text.num_real_tokens <= MAX_TRAINED_VOCAB
         ):  # a toy vocabulary gets a trained tokenizer of its size
             save_tokenizer(build_tiny_tokenizer(c.text.num_real_tokens), tmp)
-        with open(os.path.join(tmp, PREPROCESSOR_FILE), "w") as f:
-            json.dump(PreprocessorSettings().to_dict(), f, indent=2)  # the published settings
-        generation = {"eos_token_id": c.eos_token_id, "max_new_tokens": 256}
-        with open(os.path.join(tmp, GENERATION_CONFIG_FILE), "w") as f:
-            json.dump(generation, f, indent=2)
+        _write_json(
+            os.path.join(tmp, PREPROCESSOR_FILE), PreprocessorSettings().to_dict()
+        )  # the published settings
+        _write_json(
+            os.path.join(tmp, GENERATION_CONFIG_FILE), {"eos_token_id": c.eos_token_id, "max_new_tokens": 256}
+        )
         with open(os.path.join(tmp, "README.md"), "w") as f:
             f.write(
                 f"# Synthetic Inkling checkpoint (random weights, seed {seed})\n\n`{' '.join(sys.argv)}`\n"
@@ -146,13 +137,7 @@ def write_checkpoint(
         with ShardedWriter(tmp, checkpoint_tensors(c)) as writer:
             for name, tensor in iter_tensors(c, seed, device):
                 writer.write(name, tensor)
-        _publish(tmp, out)
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return os.path.abspath(os.fspath(out))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,7 +63,6 @@ class TritonPythonModel:
         engine = read_engine_config(engine_dir)
         self.published = engine.get("model_type") == "inkling_mm_model"
         self.config = None if self.published else InklingConfig.from_dict(engine["pretrained_config"])
-        self.num_mels = 80 if self.published else self.config.audio.num_mels
         self.max_input_len = int(engine["build_config"]["max_input_len"])
         self.max_text_bytes = int(parameter(cfg, "max_text_bytes"))
         self.max_images = int(parameter(cfg, "max_images"))
@@ -77,10 +76,7 @@ class TritonPythonModel:
             from inkling.published.processing import Processor as PublishedProcessor
 
             config = PublishedConfig.from_dict(engine["pretrained_config"], "engine config.json")
-            fields = PreprocessorSettings.__dataclass_fields__
-            settings = PreprocessorSettings(
-                **{k: v for k, v in engine.get("preprocessor", {}).items() if k in fields}
-            )
+            settings = PreprocessorSettings.from_dict(engine.get("preprocessor", {}))
             self.published_config = config
             self.processor = PublishedProcessor(
                 config, tokenizer, settings, max_image_bytes=self.max_image_bytes,
@@ -98,6 +94,7 @@ class TritonPythonModel:
             max_audio_bytes=self.max_audio_bytes,
             max_audio_seconds=float(parameter(cfg, "max_audio_seconds")),
         )
+        self.num_mels = self.config.audio.num_mels
         torch.set_num_threads(1)
 
     def execute(self, requests: list) -> list:
