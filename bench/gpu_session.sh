@@ -18,6 +18,10 @@
 #     bash bench/gpu_session.sh train         # 1 GPU: retrain data/inkling-small (make train)
 #     bash bench/gpu_session.sh tp            # 2 GPUs: the tensor-parallel tests (NCCL), then bench.tp tp 2
 #     bash bench/gpu_session.sh collectives   # 2 GPUs: Lamport reduce-scatter/all-gather against NCCL
+#     bash bench/gpu_session.sh published     # 1 GPU: the real Inkling's CUDA engine against transformers, the
+#                                             #   image processor against transformers' (torchvision is there),
+#                                             #   the towers eager vs graphed (bench.towers); needs .whl/ with
+#                                             #   the transformers 5.23.0 wheel (carry [".whl"])
 #
 # Logs and results go under $OUT (the device tool brings them back). The GPU host has its own Python
 # with torch and Triton: the project runs from this checkout on PYTHONPATH, never from a fresh venv.
@@ -76,7 +80,19 @@ serving_bench() {  # serving_bench LIMIT [builder flags...]: bench.serving on a 
         --server-log "$OUT/tritonserver.log" ${SERVING_ARGS:---requests 1 8 16 32 --engine-modes process thread}
 }
 
+with_transformers() {  # the transformers wheel carried in .whl/ (the GPU host's own is older), on PYTHONPATH
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/transformers-*.whl >"$OUT/site.log" 2>&1 && export PYTHONPATH=/tmp/site:$PYTHONPATH
+}
+
 case "${1:-}" in
+published)
+    with_transformers
+    run published_gpu 300 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run processing 120 "${PYTEST[@]}" tests/unit/test_published_processing.py
+    run towers 150 python3 -m bench.towers --out "$OUT/towers"
+    pack published
+    ;;
 engine-tests)
     run engine_gpu 560 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py
     pack engine-tests

@@ -6,8 +6,10 @@ exported step program; what differs is recorded in the engine config: `model_typ
 hf_quant_config.json), and `cache_layout` gives each cache's KV heads (full and sliding layers differ).
 
 BF16 and NVFP4 checkpoints both build (the published NVFP4 file keeps its first MoE layer in BF16, so an
-engine holds both kinds). What is not built yet, each with its issue: MTP heads, the vision and audio
-towers, tensor parallelism, and Triton kernels for the real attention and MoE (their reference ops run;
+engine holds both kinds). The MTP depths a deployment drafts with (the first max_draft_len) are built, in
+BF16 even from an NVFP4 checkpoint as the file keeps them, with one head program per attention kind among
+them (`mtp_head_full`, `mtp_head_sliding`: the kinds' KV heads differ). What is not built yet, each with
+its issue: tensor parallelism, and Triton kernels for the real attention and MoE (their reference ops run;
 the sconv and KV-write kernels are shared with the earlier model).
 """
 
@@ -24,10 +26,18 @@ from inkling.published.processing import PreprocessorSettings
 from inkling.published.towers import AudioEmbedding, EncoderProgram, VisionTower
 
 from .config import BuildConfig, BuildError
-from .contracts import STEP
+from .contracts import HEAD, STEP
 from .engine import ENGINE_FORMAT_VERSION, Engine
 from .profiles import BuildLog, export_dims
-from .published_network import PublishedCacheLayout, PublishedStepProgram, conv_channels, engine_tensors
+from .published_network import (
+    PublishedCacheLayout,
+    PublishedHeadProgram,
+    PublishedStepProgram,
+    conv_channels,
+    depth_conv_channels,
+    depth_weights,
+    engine_tensors,
+)
 
 OPS = ("sconv", "kv_cache_write", "bank_attention", "sigmoid_sink_moe")
 
@@ -55,10 +65,25 @@ def resolve_impls(bc: BuildConfig) -> dict[str, str]:
     }
 
 
-def cache_layout(config: InklingConfig) -> dict:
+def head_program_name(layer_type: str) -> str:
+    """The head program of the MTP depths of one attention kind."""
+    return "mtp_head_" + ("sliding" if layer_type == "hybrid_sliding" else "full")
+
+
+def num_built_depths(config: InklingConfig, bc: BuildConfig) -> int:
+    """The MTP depths an engine holds: drafts never exceed max_draft_len, so deeper ones would hold weights
+    and KV that nobody reads."""
+    return min(config.mtp.num_layers, bc.max_draft_len)
+
+
+def cache_layout(config: InklingConfig, num_depths: int = 0) -> dict:
     lay = PublishedCacheLayout.of(config)
     t = config.text
+    depths = [config.mtp_attention(d) for d in range(num_depths)]
     return {
+        "mtp_kv_heads": [a.num_kv_heads for a in depths],
+        "mtp_head_dims": [a.head_dim for a in depths],
+        "mtp_conv_channels": [depth_conv_channels(config, d) for d in range(num_depths)],
         "group_of_layer": list(lay.group_of_layer),
         "slot_of_layer": list(lay.cache_of_layer),
         "group_windows": [t.sliding_window_size if k == "hybrid_sliding" else 0 for k in lay.group_kinds],
@@ -104,6 +129,38 @@ def step_example(config: InklingConfig, bc: BuildConfig, device, dtype) -> dict[
         value_caches=[kv(h, d) for h, d in zip(lay["cache_kv_heads"], lay["cache_head_dims"])],
         conv_states=[torch.zeros(bc.max_batch_size, S, C, device=device) for C in lay["conv_channels"]],
     )
+
+
+def export_heads(
+    config, bc, impls, weights, num_depths, device, dtype
+) -> dict[str, torch.export.ExportedProgram]:
+    """One head program per attention kind among the built depths, traced with that kind's first depth."""
+    step = step_example(config, bc, device, dtype)
+    T, H = step["input_ids"].shape[0], config.text.hidden_size
+    S = config.text.conv_kernel_size - 1 + bc.max_draft_len
+    out = {}
+    for d in range(num_depths):
+        kind = config.mtp.layer_types[d]
+        name = head_program_name(kind)
+        if name in out:
+            continue
+        a = config.mtp_attention(d)
+        kv = torch.zeros(8, bc.tokens_per_block, a.num_kv_heads, a.head_dim, dtype=dtype, device=device)
+        example = dict(
+            weights=depth_weights(weights, d), h_prev=torch.zeros(T, H, dtype=dtype, device=device),
+            input_ids=step["input_ids"], mm_embeds=step["mm_embeds"], mm_positions=step["mm_positions"],
+            cu_seqlens_q=step["cu_seqlens_q"], seq_lens=step["seq_lens"], block_table=step["block_tables"][0],
+            slot_mapping=step["slot_mappings"][0], state_indices=step["state_indices"], q_bound=step["q_bound"],
+            key_cache=kv, value_cache=kv.clone(),
+            conv_states=[torch.zeros(bc.max_batch_size, S, C, device=device) for C in depth_conv_channels(config, d)],
+        )  # fmt: skip
+        args = [example[n] for n in HEAD.names]
+        with torch.no_grad():
+            out[name] = torch.export.export(
+                PublishedHeadProgram(config, impls, kind), tuple(args),
+                dynamic_shapes=HEAD.dynamic_shapes(export_dims(bc), example),
+            )  # fmt: skip
+    return out
 
 
 def encoder_layout(config: InklingConfig, bc: BuildConfig) -> dict:
@@ -162,10 +219,12 @@ def build_published(
         log(
             f"checkpoint {os.fspath(source)}: the real Inkling, {kind}, {config.text.num_hidden_layers} layers"
         )
-        if config.mtp.num_layers or reader.dropped_mtp:
-            log(
-                "MTP depths: not built yet for the real model (the MTP issue); the engine decodes without drafts"
-            )
+        num_depths = 0 if reader.dropped_mtp else num_built_depths(config, bc)
+        if reader.dropped_mtp:
+            log("MTP depths: none in the checkpoint (config names them); the engine decodes without drafts")
+        elif config.mtp.num_layers:
+            log(f"MTP depths: {num_depths} of {config.mtp.num_layers} built (max_draft_len {bc.max_draft_len}), "
+                f"kinds {list(config.mtp.layer_types[:num_depths])}")  # fmt: skip
     settings = PreprocessorSettings.from_pretrained(source)
     impls = resolve_impls(bc)
     for name, impl in impls.items():
@@ -174,13 +233,15 @@ def build_published(
         with reader:
             weights = {
                 n: t.to(device)
-                for n, t in engine_tensors(config, ((n, reader.get(n)) for n in reader.keys()), dtype)
+                for n, t in engine_tensors(
+                    config, ((n, reader.get(n)) for n in reader.keys()), dtype, num_depths
+                )
             }
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
         log(f"weights: {len(weights)} tensors, {nbytes / 1e9:.3f} GB")
     with log.phase("export"):
         step_weights = {
-            n: w for n, w in weights.items() if not n.startswith(("model.visual.", "model.audio."))
+            n: w for n, w in weights.items() if not n.startswith(("model.visual.", "model.audio.", "mtp."))
         }
         example = {"weights": step_weights, **step_example(config, bc, device, dtype)}
         args = [example[name] for name in STEP.names]
@@ -191,7 +252,11 @@ def build_published(
             )
         towers = {n: w for n, w in weights.items() if n.startswith(("model.visual.", "model.audio."))}
         weights = {n: w for n, w in weights.items() if n not in towers}
-        programs = {"step": step, **export_towers(config, bc, towers, device, dtype)}
+        programs = {
+            "step": step,
+            **export_heads(config, bc, impls, weights, num_depths, device, dtype),
+            **export_towers(config, bc, towers, device, dtype),
+        }
         log(f"programs: {sorted(programs)}")
     ops = {
         name: {"impl": impls[name], "version": plugins.get(name).version,
@@ -209,7 +274,7 @@ def build_published(
         "device": bc.device,
         "dtype": bc.dtype,
         "draft_vocab": None,
-        "cache_layout": cache_layout(config),
+        "cache_layout": cache_layout(config, num_depths),
         "encoders": encoder_layout(config, bc),
         "preprocessor": settings.to_dict(),
     }

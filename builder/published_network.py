@@ -27,10 +27,10 @@ import torch
 from torch import nn
 
 import plugins  # noqa: F401  (registers torch.ops.inkling.*)
-from inkling.published.config import FULL, SLIDING, InklingConfig
+from inkling.published.config import FULL, SLIDING, AttentionShape, InklingConfig
 from inkling.published.ops import deinterleave, rms_norm
 
-from .contracts import STEP
+from .contracts import HEAD, STEP
 
 _EMPTY = torch.empty(0)
 
@@ -77,13 +77,18 @@ def conv_channels(c: InklingConfig) -> list[int]:
 
 
 def engine_tensors(
-    c: InklingConfig, tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype
+    c: InklingConfig, tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, num_depths: int = 0
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors in the engine's form (module docstring); NVFP4 stacks keep their codes."""
+    """The checkpoint's tensors in the engine's form (module docstring); NVFP4 stacks keep their codes.
+    MTP depths 0..num_depths-1 become `mtp.{d}.*` (the depths a deployment drafts with; the rest are
+    dropped), in the same form."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in tensors:
-        if name.startswith("model.mtp."):
-            continue  # MTP: its own issue
+        if name.startswith("model.mtp.layers."):
+            d, rest = name[len("model.mtp.layers.") :].split(".", 1)
+            if int(d) >= num_depths:
+                continue
+            name = f"mtp.{d}.{rest}"
         if name.endswith(
             ("attn.wq_du.weight", "attn.wk_dv.weight", "attn.wv_dv.weight", "attn.wr_du.weight")
         ):
@@ -129,9 +134,10 @@ class PublishedStepProgram(nn.Module):
         u = x.float()
         return (u + torch.ops.inkling.sconv(u, weight, state, state_idx, cu, self.impls["sconv"])).to(x.dtype)
 
-    def attention(self, w, p, a, layer, meta, key_cache, value_cache, conv):
+    def attention(self, w, p, a, shape: AttentionShape, meta, key_cache, value_cache, conv, log_scaling=True):
+        """One attention block of `shape` (a trunk layer's or an MTP depth's); log_scaling: apply the
+        shape's τ(i) (full layers; MTP depths only with mtp_config.log_scaling)."""
         t = self.c.text
-        shape = t.attention(layer)
         cu, seq_lens, state_idx, block_table, slot_mapping, max_q = meta
         T, Hq, Hkv, D = a.shape[0], shape.num_heads, shape.num_kv_heads, shape.head_dim
         q, k, v, r = (a @ w[f"{p}.attn.wqkvr.weight"].T).split(
@@ -152,17 +158,28 @@ class PublishedStepProgram(nn.Module):
         o = torch.ops.inkling.bank_attention(
             q.contiguous(), r.reshape(T, Hq, shape.d_rel).contiguous(), w[f"{p}.attn.rel_logits_proj.proj"],
             key_cache, value_cache, block_table, cu, seq_lens, max_q, shape.window or 0, 1.0 / D,
-            shape.log_scaling_n_floor or 0, shape.log_scaling_alpha, self.impls["bank_attention"],
+            (shape.log_scaling_n_floor or 0) if log_scaling else 0, shape.log_scaling_alpha,
+            self.impls["bank_attention"],
         )  # fmt: skip
         return o.reshape(T, -1) @ w[f"{p}.attn.wo_ud.weight"].T
+
+    @staticmethod
+    def dense_mlp(w, p, m):
+        g, u = (m @ w[f"{p}mlp.gate_up.weight"].T).chunk(2, dim=-1)
+        return (torch.nn.functional.silu(g) * u) @ w[f"{p}mlp.w2_md.weight"].T * w[f"{p}mlp.global_scale"]
+
+    def embed(self, w, input_ids, mm_embeds, mm_positions):
+        """The trunk's input rows: embed-normed token rows, the towers' rows spliced in (not normed)."""
+        x = rms_norm(
+            w["model.llm.embed.weight"][input_ids], w["model.llm.embed_norm.weight"], self.c.text.rms_norm_eps
+        )
+        x = torch.cat([x, x.new_zeros(1, x.shape[1])])  # the splice's dummy row at T (STEP contract)
+        return x.index_copy(0, mm_positions, mm_embeds.to(x.dtype))[:-1]
 
     def mlp(self, w, p, m, layer):
         t = self.c.text
         if t.is_dense(layer):
-            g, u = (m @ w[f"{p}.mlp.gate_up.weight"].T).chunk(2, dim=-1)
-            return (
-                (torch.nn.functional.silu(g) * u) @ w[f"{p}.mlp.w2_md.weight"].T * w[f"{p}.mlp.global_scale"]
-            )
+            return self.dense_mlp(w, f"{p}.", m)
         e = f"{p}.mlp.experts"
         sh = f"{p}.mlp.shared_experts"
         return torch.ops.inkling.sigmoid_sink_moe(
@@ -193,9 +210,7 @@ class PublishedStepProgram(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t, w, lay = self.c.text, weights, self.layout
         eps = t.rms_norm_eps
-        x = rms_norm(w["model.llm.embed.weight"][input_ids], w["model.llm.embed_norm.weight"], eps)
-        x = torch.cat([x, x.new_zeros(1, x.shape[1])])  # the splice's dummy row at T (STEP contract)
-        x = x.index_copy(0, mm_positions, mm_embeds.to(x.dtype))[:-1]  # tower rows are not embed-normed
+        x = self.embed(w, input_ids, mm_embeds, mm_positions)
         for i in range(t.num_hidden_layers):
             p, g, j = f"model.llm.layers.{i}", lay.group_of_layer[i], lay.cache_of_layer[i]
             meta = (
@@ -211,7 +226,7 @@ class PublishedStepProgram(nn.Module):
                 w,
                 p,
                 rms_norm(x, w[f"{p}.attn_norm.weight"], eps),
-                i,
+                t.attention(i),
                 meta,
                 key_caches[j],
                 value_caches[j],
@@ -220,6 +235,80 @@ class PublishedStepProgram(nn.Module):
             x = x + self.sconv(o, w[f"{p}.attn_sconv.weight"], conv[2], state_indices, cu_seqlens_q)
             f = self.mlp(w, p, rms_norm(x, w[f"{p}.mlp_norm.weight"], eps), i)
             x = x + self.sconv(f, w[f"{p}.mlp_sconv.weight"], conv[3], state_indices, cu_seqlens_q)
-        h = rms_norm(x[logits_indices], w["model.llm.norm.weight"], eps) / t.logits_mup_width_multiplier
-        logits = h @ w["model.llm.unembed.weight"][: t.num_real_tokens].T
-        return logits.float(), x
+        normed = rms_norm(x, w["model.llm.norm.weight"], eps)
+        logits = (
+            normed[logits_indices]
+            / t.logits_mup_width_multiplier
+            @ w["model.llm.unembed.weight"][: t.num_real_tokens].T
+        )
+        # The hidden states MTP depth 0 reads: after the final norm (INKLING_SERVING §1.2), or before it
+        # with mtp_config.target_hidden_pre_norm
+        return logits.float(), (x if self.c.mtp.target_hidden_pre_norm else normed)
+
+
+class PublishedHeadProgram(PublishedStepProgram):
+    """One MTP depth's pass (INKLING_SERVING §1.2) over a ragged batch with the depth's own paged KV and
+    sconv states: the HEAD contract (builder/contracts.py), as the earlier model's HeadProgram.
+
+    One program serves every depth of one attention kind (`layer_type`: the depths' KV heads differ by
+    kind): `weights` holds a depth's tensors without their `mtp.{d}.` prefix (`depth_weights`) and the
+    trunk's embedding and embed norm. Row t of h_prev is the previous level's hidden state at position t
+    (level 0: the step's hidden output), input_ids[t] the token t+m (a draft where not known yet); image
+    and audio rows are spliced as in the step. block_table [B, MB] and slot_mapping [T] are those of
+    group 0 (every group maps the same positions to the same block ids). conv_states: sites k, v,
+    attention output, MLP output. Returns the depth's raw output [T, H]: the next depth's hidden input and
+    its logits' (`unembed(h / muP)`, the drafter's pick)."""
+
+    def __init__(self, config: InklingConfig, impls: dict[str, str], layer_type: str):
+        super().__init__(config, impls)
+        self.shape = config.text.attention_of(layer_type)
+
+    @HEAD.implements
+    def forward(
+        self,
+        weights: dict[str, torch.Tensor],
+        h_prev: torch.Tensor,
+        input_ids: torch.Tensor,
+        mm_embeds: torch.Tensor,
+        mm_positions: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        state_indices: torch.Tensor,
+        q_bound: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        conv_states: list[torch.Tensor],
+    ) -> torch.Tensor:
+        w, eps = weights, self.c.text.rms_norm_eps
+        e = self.embed(w, input_ids, mm_embeds, mm_positions)
+        u = torch.cat(
+            [rms_norm(h_prev, w["hidden_norm.weight"], eps), rms_norm(e, w["embed_norm.weight"], eps)], -1
+        )
+        x = u @ w["input_proj.weight"].T
+        meta = (cu_seqlens_q, seq_lens, state_indices, block_table, slot_mapping, q_bound.shape[0])
+        p = "transformer_block"
+        o = self.attention(
+            w, p, rms_norm(x, w[f"{p}.attn_norm.weight"], eps), self.shape, meta, key_cache, value_cache,
+            conv_states, log_scaling=self.c.mtp.log_scaling,
+        )  # fmt: skip
+        x = x + self.sconv(o, w[f"{p}.attn_sconv.weight"], conv_states[2], state_indices, cu_seqlens_q)
+        f = self.dense_mlp(w, f"{p}.", rms_norm(x, w[f"{p}.mlp_norm.weight"], eps))
+        return x + self.sconv(f, w[f"{p}.mlp_sconv.weight"], conv_states[3], state_indices, cu_seqlens_q)
+
+
+def depth_weights(weights: dict[str, torch.Tensor], d: int) -> dict[str, torch.Tensor]:
+    """MTP depth d's (0-based) weights for the head program: its engine tensors without the `mtp.{d}.`
+    prefix, and the trunk's embedding and embed norm (shared, not copied)."""
+    prefix = f"mtp.{d}."
+    out = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+    for k in ("model.llm.embed.weight", "model.llm.embed_norm.weight"):
+        out[k] = weights[k]
+    return out
+
+
+def depth_conv_channels(c: InklingConfig, d: int) -> list[int]:
+    """Channels of MTP depth d's four sconv states (k, v, attention output, MLP output)."""
+    kv = c.mtp_attention(d).kv_size
+    return [kv, kv, c.text.hidden_size, c.text.hidden_size]

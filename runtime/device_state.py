@@ -79,7 +79,8 @@ class DeviceState:
     ) -> DeviceState:
         """The real Inkling's state (builder/published_build.py `cache_layout`): each cache with its kind's
         KV heads (full and sliding layers differ), sconv states and snapshots in float32 as transformers
-        keeps them; no MTP heads yet."""
+        keeps them; each built MTP depth's KV cache (its kind's KV heads, indexed by the block ids of
+        group 0) and its four sconv states."""
         rows, slots, K1 = layout_rows(layout, build), build.max_batch_size, layout_k1(layout)
         f32 = dict(dtype=torch.float32, device=device)
 
@@ -90,14 +91,24 @@ class DeviceState:
                 for h, d in shapes
             ]
 
+        def head_kv() -> list[torch.Tensor]:
+            shapes = zip(layout.get("mtp_kv_heads", []), layout.get("mtp_head_dims", []))
+            return [
+                torch.zeros(num_blocks, build.tokens_per_block, h, d, dtype=dtype, device=device)
+                for h, d in shapes
+            ]
+
         channels = layout["conv_channels"]
         return cls(
             key_caches=kv(),
             value_caches=kv(),
             conv_states=[torch.zeros(slots, rows, C, **f32) for C in channels],
-            head_key_caches=[],
-            head_value_caches=[],
-            head_conv_states=[],
+            head_key_caches=head_kv(),
+            head_value_caches=head_kv(),
+            head_conv_states=[
+                [torch.zeros(slots, rows, C, **f32) for C in sites]
+                for sites in layout.get("mtp_conv_channels", [])
+            ],
             snapshots=[torch.zeros(min(num_blocks, MAX_SNAPSHOTS), K1, C, **f32) for C in channels],
         )
 

@@ -102,6 +102,9 @@ class Heads:
     state: DeviceState
     num_real_tokens: int  # rows of lm_head a draft may pick (its tokenizer's)
     splice_row: torch.Tensor  # the media splice's dummy row [1, H]
+    # The real Inkling's muP multiplier: its depths' logits are unembed(h / mup), no norm (INKLING_SERVING
+    # §1.2); None: the earlier model's heads, their final norm then lm_head (`inkling::mtp_draft`)
+    mup: float | None = None
 
 
 class Drafter:
@@ -275,7 +278,11 @@ class Drafter:
 
     def _pick(self, weights: dict, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The drafts of `out`'s rows `rows`: `inkling::mtp_draft` with the head's final norm, mapped
-        through the draft vocabulary."""
+        through the draft vocabulary; the real Inkling's, the argmax of unembed(h / muP) over the real
+        tokens (as its step's logits, in the engine's dtype)."""
+        if self.heads.mup is not None:
+            logits = out[rows] / self.heads.mup @ self.draft_lm_head[: self.num_draft_rows].T
+            return logits.float().argmax(-1)
         picked = torch.ops.inkling.mtp_draft(
             out[rows], weights["final_layernorm.weight"], self.draft_lm_head, self.num_draft_rows,
             self.config.rms_norm_eps, self.draft_impl,

@@ -22,6 +22,7 @@ import plugins  # noqa: F401  (the programs call torch.ops.inkling.*)
 from builder.build import head_weights
 from builder.contracts import STEP, StepInputs
 from builder.engine import Engine
+from builder.published_network import depth_weights
 from builder.sharding import DRAFT_LM_HEAD, TensorParallel
 from inkling.processing import image_patches
 
@@ -30,7 +31,7 @@ from .device_state import DeviceState
 from .distributed import Workers
 from .drafter import Drafter, Heads, HeadWork
 from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
-from .programs import Programs
+from .programs import DepthPrograms, Programs
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .step_graphs import (
@@ -112,9 +113,10 @@ class ModelRunner:
         self.weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
         # Drafts never exceed max_draft_len (LLMEngine), so heads past it would hold KV nobody reads: at
         # inkling-bench's batch 64 each head's KV is 13.5 GiB, and all 8 did not fit beside the weights.
-        has_heads = "mtp_head" in engine.programs
+        has_heads = any(name.startswith("mtp_head") for name in engine.programs)
         self.num_heads = min(c.num_mtp_heads, bc.max_draft_len) if has_heads else 0
-        self.head_weights = [head_weights(weights, m) for m in range(1, self.num_heads + 1)]
+        weights_of = depth_weights if engine.is_published else (lambda w, d: head_weights(w, d + 1))
+        self.head_weights = [weights_of(weights, d) for d in range(self.num_heads)]
         # The draft pick's lm_head: the whole one (tensor-parallel ranks keep it beside their vocabulary
         # slice, builder/sharding.py).
         self.lm_head = weights.get(DRAFT_LM_HEAD, self.weights[LM_HEAD[engine.is_published]])
@@ -126,6 +128,12 @@ class ModelRunner:
             programs.audio,
         )
         self.compiled = programs.compiled
+        if engine.is_published:  # one program per attention kind, picked by the depth's weights
+            self.head = (
+                DepthPrograms(self.head, self.head_weights, list(c.mtp.layer_types[: self.num_heads]))
+                if self.num_heads
+                else None
+            )
         if engine.is_published:
             self.state = DeviceState.allocate_published(
                 self.layout, bc, self.num_blocks, self.device, self.dtype
@@ -155,7 +163,10 @@ class ModelRunner:
         self.last_hidden: torch.Tensor | None = None  # a worker's last step hidden states (see execute)
         # The media splice's dummy row of every step and head pass (no program writes it).
         self.splice_row = torch.zeros(1, c.hidden_size, dtype=self.dtype, device=self.device)
-        heads = Heads(self.head, self.head_weights, self.lm_head, st, self.num_real_tokens, self.splice_row)
+        heads = Heads(
+            self.head, self.head_weights, self.lm_head, st, self.num_real_tokens, self.splice_row,
+            mup=c.text.logits_mup_width_multiplier if engine.is_published else None,
+        )  # fmt: skip
         self.drafter = Drafter(heads, c, bc, engine.config)
         self._init_graphs(cuda_graphs, pad_eager)
 
@@ -202,8 +213,9 @@ class ModelRunner:
             lambda _: self._step_args(self._idle_inputs()), max_num_seqs=bc.max_batch_size
         )
         if self.head is not None:
-            self.head_graphs = graphs("mtp_head", self.head, HEAD_ARGS)
-            self.draft_graphs = graphs("mtp_head", self.drafter.head_and_pick, HEAD_PICK_ARGS)
+            name = next(n for n in self.engine.programs if n.startswith("mtp_head"))
+            self.head_graphs = graphs(name, self.head, HEAD_ARGS)
+            self.draft_graphs = graphs(name, self.drafter.head_and_pick, HEAD_PICK_ARGS)
             heads = tuple(range(1, self.num_heads + 1))
             made += self.head_graphs.capture(self.drafter.template_args, heads, bc.max_batch_size)
             made += self.draft_graphs.capture(

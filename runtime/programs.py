@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from builder.engine import Engine
+from builder.published_build import head_program_name
 
 from .encoder_graphs import GraphedEncoder
 
@@ -20,7 +21,7 @@ class Programs:
     the encoders (None on a tensor-parallel worker: rank 0 encodes media)."""
 
     step: Any
-    head: Any
+    head: Any  # the earlier model's head program; the real Inkling's by name ({} without heads)
     vision: GraphedEncoder | None
     audio: GraphedEncoder | None
     compiled: bool
@@ -33,13 +34,21 @@ class Programs:
         compile), seeded with the compiler cache artifacts the build saved."""
         compiled = engine.build_config.compile if compile is None else compile
         step = program_on_device(engine.programs["step"], device).module()
-        head = program_on_device(engine.programs["mtp_head"], device).module() if heads else None
+        # The head program(s): the earlier model's one, or the real Inkling's one per attention kind
+        # (builder/published_build.py), by name
+        head = {
+            name: program_on_device(p, device).module()
+            for name, p in engine.programs.items()
+            if heads and name.startswith("mtp_head")
+        }
         if compiled:
             if engine.compile_cache is not None:
                 torch.compiler.load_cache_artifacts(engine.compile_cache)
             step = torch.compile(step, dynamic=True)
-            if head is not None:  # as the step: Inductor fuses the head's small ops
-                head = torch.compile(head, dynamic=True)
+            # as the step: Inductor fuses the head's small ops
+            head = {name: torch.compile(h, dynamic=True) for name, h in head.items()}
+        if not engine.is_published:
+            head = head.get("mtp_head")
         vision, audio = (
             GraphedEncoder(
                 program_on_device(engine.programs[k], device).module(),
@@ -96,3 +105,15 @@ def retarget(program: torch.export.ExportedProgram, old: str, new: str) -> torch
                 node.args = (node.args[0], torch.device(new), *node.args[2:])
         module.recompile()
     return program
+
+
+class DepthPrograms:
+    """The real Inkling's head programs called as one (what the drafter and the head graphs call): the
+    first argument, a depth's weights dict, picks the program of that depth's attention kind."""
+
+    def __init__(self, programs: dict[str, Any], weights: list[dict], layer_types: list[str]):
+        self.programs = programs
+        self.by_weights = {id(w): programs[head_program_name(k)] for w, k in zip(weights, layer_types)}
+
+    def __call__(self, weights: dict, *args):
+        return self.by_weights[id(weights)](weights, *args)

@@ -106,7 +106,8 @@ class SpeculativeDecoder:
 
         The heads' last round stood on drafts head_drafts from token index drafts_from on; those that
         equal the tokens now known count as real. Head m's state at position t reads tokens up to t+m,
-        so it stays valid iff t + m < drafts_from + (number of head drafts that proved right)."""
+        so it stays valid iff t + m < drafts_from + (number of head drafts that proved right); a deep head
+        of a short sequence may keep none (never fewer than none: a one-token prompt with 8 drafts)."""
         if seq.drafts_from is None:
             return
         known = seq.token_range(seq.drafts_from, len(seq))
@@ -115,7 +116,7 @@ class SpeculativeDecoder:
             right += 1
         counts = []
         for m in range(1, len(seq.head_computed) + 1):
-            valid = min(seq.head_computed[m - 1], seq.drafts_from + right - m)
+            valid = max(0, min(seq.head_computed[m - 1], seq.drafts_from + right - m))
             counts.append(seq.head_computed[m - 1] - valid)
             seq.head_computed[m - 1] = valid
         self.runner.rollback_heads(seq.slot, counts, defer=defer)

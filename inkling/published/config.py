@@ -267,6 +267,13 @@ class MTPConfig:
     num_layers: int = 0
     local_layer_ids: tuple[int, ...] | None = None  # None: every depth is full attention
     chain_hidden_post_norm: bool = False
+    # Where the public engines disagree (INKLING_SERVING §1.7), the majority's choice by default; neither
+    # key is in the published config, an engine's mtp_config may set them:
+    # - log_scaling: the trunk's τ(i) inside full-attention depths (SGLang); vLLM and TokenSpeed apply none.
+    # - target_hidden_pre_norm: depth 0 reads the trunk's last hidden state before the final norm (OMLX);
+    #   vLLM, SGLang and TokenSpeed feed it after the norm.
+    log_scaling: bool = False
+    target_hidden_pre_norm: bool = False
 
     def __post_init__(self) -> None:
         _require(
@@ -513,6 +520,9 @@ class InklingConfig:
                 "chain_hidden_post_norm": self.mtp.chain_hidden_post_norm,
                 "local_layer_ids": list(self.mtp.local_layer_ids or ()),
             }
+            for key in ("log_scaling", "target_hidden_pre_norm"):  # written only where switched on
+                if getattr(self.mtp, key):
+                    out["mtp_config"][key] = True
         return out
 
     def save(self, directory: str | os.PathLike, modelopt_version: str = "0.47.0") -> None:
@@ -582,9 +592,17 @@ def _mtp_from_dict(d: dict[str, Any], where: str) -> MTPConfig:
     _require(
         not chain, where, "chain_hidden_post_norm = true is not supported (no published checkpoint has it)"
     )
+    switches = {}
+    for key in ("log_scaling", "target_hidden_pre_norm"):
+        value = block.get(key, False)
+        _require(isinstance(value, bool), where, f"{key} must be true or false, got {value!r}")
+        switches[key] = value
     try:
         return MTPConfig(
-            n or 0, None if local is None else _int_tuple(local, where, "local_layer_ids"), bool(chain)
+            n or 0,
+            None if local is None else _int_tuple(local, where, "local_layer_ids"),
+            bool(chain),
+            **switches,
         )
     except ConfigError as e:  # its own checks name the block; add the file
         raise ConfigError(f"{where.removesuffix(': mtp_config')}: {e}") from None

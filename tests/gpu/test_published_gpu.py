@@ -95,3 +95,19 @@ def test_nvfp4_cuda_engine_equals_transformers_on_dequantized_experts(tmp_path):
     want = [greedy(ref, p.tolist(), NEW) for p in ps]
     print(f"\nNVFP4 float32 CUDA engine vs transformers on the dequantized experts: {got == want}")
     assert got == want
+
+
+def test_mtp_on_cuda_equals_plain_decoding(ckpt):
+    """The real depths drafting on the GPU (eager: the real attention's reference op syncs, so no graphs
+    until its kernel comes): greedy tokens with 1, 4 and 8 drafts equal plain decoding."""
+    llm = LLM(build(ckpt, config("float32"), echo=False))
+    ps = prompts()
+    plain = [
+        o.token_ids
+        for o in llm.generate([PromptInput(p) for p in ps], SamplingParams(max_tokens=NEW, ignore_eos=True))
+    ]
+    for k in (1, 4, 8):
+        params = SamplingParams(max_tokens=NEW, ignore_eos=True, num_draft_tokens=k)
+        got = [o.token_ids for o in llm.generate([PromptInput(p) for p in ps], params)]
+        print(f"\nMTP k={k} on CUDA: equal to plain decoding: {got == plain}")
+        assert got == plain
