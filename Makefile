@@ -18,7 +18,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 
-.PHONY: venv test lint unit test-slow test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-peers bench-serving train bench-needle bench-acceptance clean
+.PHONY: venv test lint unit test-slow test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-peers bench-serving train train-published bench-needle bench-acceptance clean
 
 venv: $(STAMP)
 
@@ -112,6 +112,11 @@ bench-serving: $(STAMP)
 TRAIN_ARGS ?= --steps 1765
 train: $(STAMP)
 	$(PY) -m train --out build/inkling-small --force $(TRAIN_ARGS)
+
+# The small real Inkling (train/published.py): data/inkling-small-published was made this way on one H200.
+TRAIN_PUBLISHED_ARGS ?= --steps 1035 --qk_norm_lr_scale 10
+train-published: $(STAMP)
+	$(PY) -m train.published --out build/inkling-small-published --force $(TRAIN_PUBLISHED_ARGS)
 
 # Needle in a haystack and MTP acceptance on data/inkling-small, reference and engine (CPU, float32).
 bench-needle: $(STAMP)

@@ -16,6 +16,8 @@
 #                                             #   the CPU, then the call's carry [".carry"])
 #     bash bench/gpu_session.sh load          # 1 GPU: engine load times in fresh processes (bench.load)
 #     bash bench/gpu_session.sh train         # 1 GPU: retrain data/inkling-small (make train)
+#     bash bench/gpu_session.sh train-published  # 1 GPU: train data/inkling-small-published, the real
+#                                             #   architecture (train/published.py; carry [".whl"] as published)
 #     bash bench/gpu_session.sh tp            # 2 GPUs: the tensor-parallel tests (NCCL), then bench.tp tp 2
 #     bash bench/gpu_session.sh collectives   # 2 GPUs: Lamport reduce-scatter/all-gather against NCCL
 #     bash bench/gpu_session.sh published     # 1 GPU: the real Inkling's CUDA engine against transformers, the
@@ -92,6 +94,13 @@ published)
     run processing 120 "${PYTEST[@]}" tests/unit/test_published_processing.py
     run towers 150 python3 -m bench.towers --out "$OUT/towers"
     pack published
+    ;;
+train-published)
+    with_transformers
+    run train_published 480 python3 -m train.published --out "$OUT/inkling-small-published" --device cuda \
+        --time_budget "${TRAIN_BUDGET:-320}" --force
+    run processing 60 "${PYTEST[@]}" tests/unit/test_published_processing.py
+    pack train-published
     ;;
 engine-tests)
     run engine_gpu 560 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py

@@ -8,6 +8,11 @@ into one response (`stream` false, and always in `ensemble_unary`, the non-decou
 HTTP/gRPC unary calls and the `generate` endpoint need). Each request is served on its own worker
 thread, so one instance carries any number of concurrent streams; `inkling` batches them.
 
+A chat request (`messages` instead of `text_input`) is rendered by preprocessing; its answer is parsed
+here as it streams (inkling/published/chat_output.py): `text_output` carries the visible text,
+`reasoning_output` the thinking and `tool_calls` the completed tool calls as JSON. Other requests get
+an empty `reasoning_output` and `tool_calls` "[]".
+
 A stream's relay forwards inkling's response tensors as they are, merges the deltas that arrived while
 it was sending (`_relay`), and its cost is on Triton's /metrics: `inkling_relay_responses_total` and
 `inkling_relay_seconds_total` (wall time from a response's first delta arriving from `inkling` to its
@@ -16,7 +21,10 @@ send, by model; published in batches).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import os
 import queue
 import threading
 import time
@@ -41,6 +49,7 @@ from model_repo.tensors import (
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 PARAMS = ("max_tokens", "temperature", "top_k", "top_p", "random_seed", "stop_words", "num_draft_tokens")
 MEDIA = ("image_data_input", "audio_data_input")
+PROMPT = ("text_input", "messages", "tools", "reasoning_effort", *MEDIA)
 OUTPUTS = (
     "text_output",
     "output_ids",
@@ -68,6 +77,8 @@ class Delta:
     output_ids: np.ndarray
     finish_reason: str
     counts: dict[str, np.ndarray]  # prompt_tokens, completion_tokens, acceptance_*
+    reasoning: str = ""  # a chat request's thinking
+    tool_calls: list = dataclasses.field(default_factory=list)  # a chat request's completed tool calls
 
     @classmethod
     def from_response(cls, r: Any) -> Delta:
@@ -81,7 +92,16 @@ class Delta:
 
     def merge(self, d: Delta) -> Delta:
         ids = np.concatenate([self.output_ids, d.output_ids])
-        return Delta(self.text + d.text, ids, d.finish_reason, d.counts)
+        return Delta(self.text + d.text, ids, d.finish_reason, d.counts, self.reasoning + d.reasoning,
+                     self.tool_calls + d.tool_calls)  # fmt: skip
+
+    def chat(self, parser: Any) -> Delta:
+        """This delta of a chat request's answer, parsed: the visible text, thinking and tool calls."""
+        c = parser.feed(self.output_ids.tolist())
+        if self.finish_reason:
+            c += parser.finish()
+        calls = [t.to_dict() for t in c.tool_calls]
+        return dataclasses.replace(self, text=c.content, reasoning=c.thinking, tool_calls=calls)
 
     @classmethod
     def joined(cls, responses: list) -> Delta:
@@ -95,8 +115,16 @@ class Delta:
                 tensor("output_ids", self.output_ids, np.int64),
                 string_tensor("finish_reason", self.finish_reason),
                 *(tensor(k, v, v.dtype.type) for k, v in self.counts.items()),
+                *chat_tensors(self.reasoning, self.tool_calls),
             ]
         )
+
+
+def chat_tensors(reasoning: str = "", tool_calls: list = ()) -> list:
+    return [
+        string_tensor("reasoning_output", reasoning),
+        string_tensor("tool_calls", json.dumps(list(tool_calls), ensure_ascii=False)),
+    ]
 
 
 def _str(x: np.ndarray) -> str:
@@ -122,6 +150,12 @@ class PipelineModel:
             )
         )
         self.relayed, self.relay_s = (family.Metric(labels=labels) for family in self.metric_families)
+        tokenizer = os.path.join(parameter(cfg, "engine_dir"), "tokenizer.json")
+        self.tokenizer = None
+        if os.path.exists(tokenizer):
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(tokenizer)
         self.metrics_lock = threading.Lock()  # the backend's metric calls are not thread-safe (it crashed)
         self.pending_relayed, self.pending_relay_s, self.metrics_due = 0, 0.0, 0.0
 
@@ -139,7 +173,12 @@ class PipelineModel:
         try:
             stream = self.decoupled and bool(scalar(request, "stream", False, bool))
             prompt = self._prepare(request)
-            self._generate(request, sender, prompt, stream)
+            parser = None
+            if pb_utils.get_input_tensor_by_name(request, "messages") is not None:
+                from inkling.published.chat_output import ChatOutputParser
+
+                parser = ChatOutputParser(self.tokenizer)
+            self._generate(request, sender, prompt, stream, parser)
         except StepError as e:
             sender.send(error(str(e), e.code), flags=FINAL)
         except RequestError as e:
@@ -149,11 +188,7 @@ class PipelineModel:
 
     def _prepare(self, request: Any) -> list:
         """preprocessing, then the encoders a request needs -> inkling's prompt inputs."""
-        inputs = [
-            t
-            for t in (pb_utils.get_input_tensor_by_name(request, n) for n in ("text_input", *MEDIA))
-            if t is not None
-        ]
+        inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in PROMPT) if t is not None]
         pre = _call("preprocessing", inputs, ["INPUT_IDS", "IMAGE_PATCHES", "AUDIO_LEVELS", "MM_POSITIONS"])
         ids, patches, levels, positions = (
             pre[k] for k in ("INPUT_IDS", "IMAGE_PATCHES", "AUDIO_LEVELS", "MM_POSITIONS")
@@ -178,7 +213,7 @@ class PipelineModel:
             prompt += [tensor("mm_embeds", rows, np.float32), tensor("mm_positions", positions, np.int64)]
         return prompt
 
-    def _generate(self, request: Any, sender: Any, prompt: list, stream: bool) -> None:
+    def _generate(self, request: Any, sender: Any, prompt: list, stream: bool, parser: Any) -> None:
         params = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in PARAMS) if t is not None]
         rid = uuid.uuid4().hex
         mode = [tensor("stream", [stream], np.bool_)]  # not streamed: inkling sends one response at the end
@@ -192,7 +227,7 @@ class PipelineModel:
             parameters={"ack": not stream},
         ).exec(decoupled=True)
         if stream:
-            self._relay(responses, sender, rid)
+            self._relay(responses, sender, rid, parser)
             return
         # One response at the end. The wait polls the client's cancellation (inkling's answer may be
         # minutes away): a cancelled call gets inkling's request aborted, which frees its cache blocks.
@@ -220,9 +255,10 @@ class PipelineModel:
             raise StepError("the request was cancelled by its client", pb_utils.TritonError.CANCELLED)
         if not got:
             raise StepError("inkling ended the stream without a response", pb_utils.TritonError.INTERNAL)
-        sender.send(Delta.joined(got).response(), flags=FINAL)
+        answer = Delta.joined(got)
+        sender.send((answer.chat(parser) if parser else answer).response(), flags=FINAL)
 
-    def _relay(self, responses: Any, sender: Any, rid: str) -> None:
+    def _relay(self, responses: Any, sender: Any, rid: str, parser: Any) -> None:
         """Forward inkling's deltas to the client. A reader thread takes them off inkling's stream as they
         come; each send carries every delta that arrived while the previous send was under way, merged
         into one response (so a relay that falls behind sends fewer, larger responses, and one that keeps
@@ -258,11 +294,12 @@ class PipelineModel:
                     _abort(rid)
             if not got or cancelled:
                 continue
-            if len(got) == 1:  # the usual case: inkling's tensors go on as they are (no NumPy round trip)
-                response = pb_utils.InferenceResponse(output_tensors=got[0].output_tensors())
+            if len(got) == 1 and parser is None:  # the usual case: inkling's tensors go on as they are
+                response = pb_utils.InferenceResponse(output_tensors=got[0].output_tensors() + chat_tensors())
                 final = bool(_str(pb_utils.get_output_tensor_by_name(got[0], "finish_reason").as_numpy()))
             else:
                 merged = Delta.joined(got)
+                merged = merged.chat(parser) if parser else merged
                 response, final = merged.response(), bool(merged.finish_reason)
             sender.send(response, flags=FINAL if final else 0)
             self._count_relay(arrived, flush=final)

@@ -25,6 +25,7 @@ import torch
 
 from builder.engine import Engine, read_engine_config
 from inkling.processing import ProcessedPrompt, Processor
+from inkling.published.chat import ChatRenderer
 
 from .distributed import Workers
 from .engine import LLMEngine, PromptInput, StreamDelta
@@ -45,6 +46,7 @@ class RequestOutput:
     logprobs: list[float] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # finish_reason "error": why the request was ended while it was served
+    message: Any = None  # from LLM.chat: the answer parsed (inkling.published.chat_output.ChatDelta)
 
 
 class LLM:
@@ -88,13 +90,14 @@ class LLM:
             engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs, pad_eager=pad_eager,
             overlap=overlap,
         )  # fmt: skip
-        self.processor = None
+        self.processor = self.chat_renderer = None
         if self.engine.tokenizer and engine.is_published:
             from inkling.published.processing import PreprocessorSettings
             from inkling.published.processing import Processor as PublishedProcessor
 
             settings = PreprocessorSettings.from_dict(engine.config.get("preprocessor", {}))
             self.processor = PublishedProcessor(self.engine.config, self.engine.tokenizer, settings)
+            self.chat_renderer = ChatRenderer(self.engine.tokenizer)
         elif self.engine.tokenizer:
             self.processor = Processor(self.engine.config, self.engine.tokenizer)
         self._ids = itertools.count()
@@ -112,7 +115,14 @@ class LLM:
             return prompt
         if isinstance(prompt, str):
             prompt = {"text": prompt}
-        if isinstance(prompt, dict):
+        if isinstance(prompt, dict) and "messages" in prompt:
+            if self.chat_renderer is None:
+                raise ValueError("the chat form needs an engine of the real Inkling with its tokenizer")
+            chat = self.chat_renderer.render(
+                prompt["messages"], tools=prompt.get("tools"), reasoning_effort=prompt.get("reasoning_effort")
+            )
+            prompt = self.processor.chat(chat, prompt.get("images", ()), prompt.get("audios", ()))
+        elif isinstance(prompt, dict):
             if self.processor is None:
                 raise ValueError("this engine has no tokenizer: give token ids (PromptInput)")
             prompt = self.processor(
@@ -174,6 +184,29 @@ class LLM:
                 self.engine.abort_request(rid)
             raise
         return [_output(merged[rid]) for rid in ids]
+
+    def chat(
+        self,
+        conversations: Sequence[dict] | Sequence[Sequence[dict]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        tools: Sequence[dict] | None = None,
+        reasoning_effort: str | float | None = None,
+    ) -> list[RequestOutput]:
+        """Conversations (each a list of OpenAI-style messages; one list alone is one conversation) in
+        the real Inkling's chat format; each output's `message` holds the answer's visible text, thinking
+        and tool calls (inkling/published/chat.py, chat_output.py)."""
+        from inkling.published.chat_output import parse_output
+
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = [
+            {"messages": c, "tools": tools, "reasoning_effort": reasoning_effort} for c in conversations
+        ]
+        outs = self.generate(prompts, params)
+        for o in outs:
+            o.message = parse_output(self.engine.tokenizer, o.token_ids)
+        return outs
 
     async def stream(
         self, prompt: PromptLike, params: SamplingParams | None = None

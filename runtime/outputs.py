@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import torch
 from tokenizers import Tokenizer
 
-from .detokenizer import IncrementalDetokenizer
+from inkling.detokenizer import IncrementalDetokenizer
+
 from .metrics import EngineStats
 from .sequence import Sequence
 from .speculative import AcceptanceStats

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 DraftOverride = Callable[[str, list[int], list[int]], list[int]]
@@ -25,3 +26,36 @@ def override_drafts(engine, fn: DraftOverride | None) -> None:
                 seq.drafts = list(fn(seq.request_id, list(seq.tokens), list(seq.drafts)))
 
     spec.draft = draft
+
+
+class Oracle:
+    """Drafts = the plain greedy continuation, wrong from a random position on (seeded; a wrong token is
+    the right one plus 1 modulo `vocab`). Records each round's tokens and the heads' own drafts."""
+
+    def __init__(self, plain: dict[str, list[int]], prompt_lens: dict[str, int], vocab: int, seed: int = 0):
+        self.plain, self.prompt_lens, self.vocab = plain, prompt_lens, vocab
+        self.rng = random.Random(seed)
+        self.rounds: list[tuple[str, list[int], list[int]]] = []  # (request, tokens, the heads' drafts)
+
+    def __call__(self, rid: str, tokens: list[int], drafts: list[int]) -> list[int]:
+        self.rounds.append((rid, tokens, drafts))
+        done = len(tokens) - self.prompt_lens[rid]
+        truth = (self.plain[rid][done:] + drafts)[: len(drafts)]
+        cut = self.rng.randint(0, len(truth))
+        return truth[:cut] + [(t + 1) % self.vocab for t in truth[cut:]]
+
+
+def kv_rows(runner, seq, index: int, positions, head: bool):
+    """K and V rows of a sequence at `positions`: trunk layer `index`'s (its group's block table) or MTP
+    head/depth `index`'s (group 0)."""
+    bs = runner.block_size
+    if head:
+        g, kc, vc = 0, runner.head_key_caches[index], runner.head_value_caches[index]
+    else:
+        g = runner.layout["group_of_layer"][index]
+        j = runner.layout["slot_of_layer"][index]
+        kc, vc = runner.key_caches[j], runner.value_caches[j]
+    table = seq.blocks.tables[g]
+    blocks = [table[t // bs] for t in positions]
+    offs = [t % bs for t in positions]
+    return kc[blocks, offs], vc[blocks, offs]

@@ -78,12 +78,25 @@ class Sample:
 class Mixture:
     """Seeded sampler of packed rows: `batch(B)` -> ids [B, T] int64, weights [B, T] float32."""
 
-    def __init__(self, tokenizer: Tokenizer, seq_len: int, seed: int = 0, *, held_out: bool = False):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        seq_len: int,
+        seed: int = 0,
+        *,
+        held_out: bool = False,
+        bos: str = "<|bos|>",
+        eos: str = "<|eos|>",
+    ):
+        """bos and eos: the tokens that open and close each sample (the real Inkling's tokenizer has no
+        BOS: train/published.py passes its document separator and its EOS)."""
         self.tok = tokenizer
         self.seq_len = seq_len
         self.rng = random.Random(seed)
-        self.bos = tokenizer.token_to_id("<|bos|>")
-        self.eos = tokenizer.token_to_id("<|eos|>")
+        self.bos = tokenizer.token_to_id(bos)
+        self.eos = tokenizer.token_to_id(eos)
+        if self.bos is None or self.eos is None:
+            raise ValueError(f"the tokenizer has no {bos} or {eos} token")
         texts = pydoc_topics() if held_out else stdlib_docstrings()
         self.text = [i for t in texts for i in tokenizer.encode(t + "\n\n").ids]
         words = sorted({w for t in texts[:400] for w in t.split() if w.isalpha() and 2 < len(w) < 10})

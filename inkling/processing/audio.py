@@ -1,5 +1,8 @@
 """Audio preprocessing (INKLING_SPEC §7): WAV bytes -> mono float32 at 16 kHz -> dMel levels [num_mels, F_pad].
 
+`load_audio` also takes FLAC, MP3 and Ogg (Vorbis, Opus), decoded by libsndfile through the
+`soundfile` package where it is installed (the CPU venv has it); WAV never needs it.
+
 WAV files are parsed here rather than with the stdlib `wave`: `wave` refuses IEEE float data
 (format tag 3) on every Python version and WAVE_FORMAT_EXTENSIBLE before 3.12, and one parser
 keeps the two Pythons we support identical.
@@ -61,6 +64,60 @@ def load_wav(
         raise ProcessingError("WAV holds non-finite float samples (NaN or infinity)")
     mono = samples[:, 0] if fmt.num_channels == 1 else samples.mean(axis=1, dtype=np.float32)
     return np.array(mono, dtype=np.float32), fmt.sample_rate
+
+
+COMPRESSED = {b"fLaC": "FLAC", b"ID3": "MP3", b"\xff\xfb": "MP3", b"\xff\xf3": "MP3", b"\xff\xf2": "MP3",
+              b"OggS": "Ogg"}  # fmt: skip
+"""Signatures of the compressed files libsndfile decodes (an MP3 opens with an ID3 tag or a frame sync)."""
+
+
+def audio_kind(data: bytes | bytearray | memoryview) -> str | None:
+    """ "WAV", "FLAC", "MP3" or "Ogg" by the file's signature; None for anything else."""
+    head = bytes(data[:4])
+    if head == b"RIFF":
+        return "WAV"
+    return next((kind for sig, kind in COMPRESSED.items() if head.startswith(sig)), None)
+
+
+def load_audio(
+    data: bytes | bytearray | memoryview,
+    *,
+    max_bytes: int = DEFAULT_MAX_AUDIO_BYTES,
+    max_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
+) -> tuple[np.ndarray, int]:
+    """WAV, FLAC, MP3 or Ogg bytes -> (mono float32 samples, sample rate), channels averaged; the size
+    and the duration (from the header) are checked before decoding."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"audio must be file bytes, got {type(data).__name__}")
+    kind = audio_kind(data)
+    if kind in (None, "WAV"):
+        return load_wav(data, max_bytes=max_bytes, max_seconds=max_seconds)
+    if len(data) > max_bytes:
+        raise ProcessingError(f"audio is {len(data)} bytes, more than the limit of {max_bytes}")
+    try:
+        import soundfile
+    except ImportError:
+        raise ProcessingError(f"{kind} audio needs the soundfile package here; send WAV") from None
+    import io
+
+    try:
+        with soundfile.SoundFile(io.BytesIO(bytes(data))) as f:
+            if not 1 <= f.samplerate <= MAX_SAMPLE_RATE:
+                raise ProcessingError(f"{kind} sample rate {f.samplerate} outside [1, {MAX_SAMPLE_RATE}]")
+            if f.frames > 0 and f.frames / f.samplerate > max_seconds:
+                raise ProcessingError(
+                    f"audio is {f.frames / f.samplerate:.1f} s long, more than the limit of {max_seconds} s"
+                )
+            samples = f.read(frames=int(max_seconds * f.samplerate) + 1, dtype="float32", always_2d=True)
+            rate = f.samplerate
+    except (soundfile.LibsndfileError, RuntimeError, TypeError) as e:
+        raise ProcessingError(f"cannot decode {kind} audio: {e}") from e
+    if samples.shape[0] == 0:
+        raise ProcessingError(f"{kind} audio has no samples")
+    if samples.shape[0] > max_seconds * rate:
+        raise ProcessingError(f"audio is longer than the limit of {max_seconds} s")
+    mono = samples[:, 0] if samples.shape[1] == 1 else samples.mean(axis=1, dtype=np.float32)
+    return np.array(mono, dtype=np.float32), rate
 
 
 def _parse_riff(data: memoryview) -> tuple[WavFormat, memoryview]:

@@ -77,21 +77,25 @@ class MTPDepth(nn.Module):
         self.block = InklingDecoderLayer(cfg, 0)
 
     def forward(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        """hidden, embeds [T, H] at positions 0..T-1 -> the depth's output [T, H]."""
+        """hidden, embeds [T, H] (or [B, T, H]) at positions 0..T-1 -> the depth's output, same shape."""
         from transformers.masking_utils import (
             create_causal_mask,
             create_recurrent_attention_mask,
             create_sliding_window_causal_mask,
         )
 
-        x = self.input_proj(torch.cat([self.hidden_norm(hidden), self.embed_norm(embeds)], -1))[None]
+        x = self.input_proj(torch.cat([self.hidden_norm(hidden), self.embed_norm(embeds)], -1))
+        batched = x.dim() == 3
+        x = x if batched else x[None]
+        B, T = x.shape[:2]
         kw = dict(
             config=self.config, inputs_embeds=x, attention_mask=None, past_key_values=None,
-            position_ids=torch.arange(x.shape[1], device=x.device)[None],
+            position_ids=torch.arange(T, device=x.device)[None].expand(B, T),
         )  # fmt: skip
         sliding = self.config.layer_types[0] == SLIDING
         mask = create_sliding_window_causal_mask(**kw) if sliding else create_causal_mask(**kw)
-        return self.block(x, attention_mask=mask, conv_mask=create_recurrent_attention_mask(**kw))[0]
+        out = self.block(x, attention_mask=mask, conv_mask=create_recurrent_attention_mask(**kw))  # [B, T, H]
+        return out if batched else out[0]
 
 
 def load_depths(

@@ -13,8 +13,8 @@ and `<|audio_end|>` belong to the text or the chat format, and no BOS is added.
   Pillow's LANCZOS (transformers uses torchvision's, which is within one intensity level of it: the only
   place the two may differ); 40x40 patches over ceil(H/40) rows and floor(W/40)+1 columns, padded with
   the raw value -1, CLIP-normalised, duplicated in time: pixel values [N, 2, 40, 40, 3] float32.
-- Audio (§5): WAV at any rate, channel count and sample width, averaged to mono and resampled to 16 kHz
-  (inkling.processing.audio); then transformers' own `InklingFeatureExtractor` (log10 Slaney mel,
+- Audio (§5): WAV at any rate, channel count and sample width (and FLAC, MP3, Ogg where soundfile is
+  installed), averaged to mono and resampled to 16 kHz (inkling.processing.audio); then transformers' own `InklingFeatureExtractor` (log10 Slaney mel,
   hop 800) and the processor's dMel levels (nearest of 16 centres over [-7, 2]): levels [F, 80] int64.
 """
 
@@ -31,7 +31,7 @@ import torch
 from PIL import Image
 from tokenizers import Tokenizer
 
-from ..processing.audio import DEFAULT_MAX_AUDIO_BYTES, DEFAULT_MAX_AUDIO_SECONDS, load_wav, resample_to
+from ..processing.audio import DEFAULT_MAX_AUDIO_BYTES, DEFAULT_MAX_AUDIO_SECONDS, load_audio, resample_to
 from ..processing.errors import ProcessingError
 from ..processing.image import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, open_image
 from .config import InklingConfig
@@ -187,7 +187,7 @@ class Processor:
 
     def audio(self, data) -> torch.Tensor:
         if isinstance(data, (bytes, bytearray, memoryview)):
-            wave, rate = load_wav(
+            wave, rate = load_audio(
                 data, max_bytes=self.limits["audio_bytes"], max_seconds=self.limits["audio_seconds"]
             )
             wave = resample_to(wave, rate, SAMPLE_RATE)
@@ -225,6 +225,28 @@ class Processor:
             raise ValueError("the prompt is empty: it needs at least one token")
         return Prompt(torch.tensor(ids, dtype=torch.long), pixel_values, levels)
 
+    def chat(self, prompt, images: Sequence = (), audios: Sequence = ()) -> Prompt:
+        """A rendered conversation (inkling.published.chat.ChatPrompt: one placeholder per media item)
+        -> the processed prompt. Items the messages carried come from the prompt; the others, in order,
+        from `images` and `audios` (media sent beside the messages)."""
+        image_data = _fill(prompt.images, list(images), "image")
+        audio_data = _fill(prompt.audios, list(audios), "audio")
+        pixel_values = [self.image(x) for x in image_data]
+        levels = [self.audio(x) for x in audio_data]
+        image_counts, audio_counts = (
+            iter([p.shape[0] for p in pixel_values]),
+            iter([a.shape[0] for a in levels]),
+        )
+        ids = []
+        for t in prompt.input_ids:
+            if t == self.config.image_token_id:
+                ids += [t] * next(image_counts)
+            elif t == self.config.audio_token_id:
+                ids += [t] * next(audio_counts)
+            else:
+                ids.append(t)
+        return Prompt(torch.tensor(ids, dtype=torch.long), pixel_values, levels)
+
     def _expand(self, text: str, image_counts: list[int], audio_counts: list[int]) -> str:
         """Each placeholder -> its item's count of placeholders, left to right (as InklingProcessor)."""
         out, images, audios, i = [], iter(image_counts), iter(audio_counts), 0
@@ -239,3 +261,19 @@ class Processor:
                 out.append(text[i])
                 i += 1
         return "".join(out)
+
+
+def _fill(items: list, extra: list, kind: str) -> list:
+    """A conversation's media items: its own data, or the next of `extra` where it carried none."""
+    out, rest = [], iter(extra)
+    for item in items:
+        if item is None:
+            item = next(rest, None)
+            if item is None:
+                raise ProcessingError(
+                    f"the messages have more {kind} parts without data than {kind}s sent beside them"
+                )
+        out.append(item)
+    if next(rest, None) is not None:
+        raise ProcessingError(f"{len(extra)} {kind}s sent beside messages whose {kind} parts need fewer")
+    return out

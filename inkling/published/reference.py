@@ -27,7 +27,12 @@ def dequantized_copy(path: str | os.PathLike, out: str | os.PathLike) -> None:
     with PublishedCheckpoint(path) as ckpt:
         config = ckpt.config.replace(quant=None, dtype="float32")
         config.save(out)
-        for side in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        for side in (
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+            "generation_config.json",
+        ):
             if os.path.exists(os.path.join(path, side)):
                 with open(os.path.join(path, side), "rb") as src, open(os.path.join(out, side), "wb") as dst:
                     dst.write(src.read())

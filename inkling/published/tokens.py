@@ -87,8 +87,12 @@ def build_tiny_tokenizer(unpadded_vocab_size: int):
 
 
 def save_tokenizer(tok, directory: str | os.PathLike, eos_token: str = NAMED[EOS]) -> None:
-    """tokenizer.json and the tokenizer_config.json that transformers' AutoTokenizer reads."""
+    """tokenizer.json, the tokenizer_config.json that transformers' AutoTokenizer reads, and the chat
+    format's chat_template.jinja (inkling/published/chat.py), as the published checkpoints ship them."""
     import json
+    import shutil
+
+    from .chat import TEMPLATE_FILE, TEMPLATE_PATH
 
     directory = os.fspath(directory)
     tok.save(os.path.join(directory, "tokenizer.json"))
@@ -103,3 +107,4 @@ def save_tokenizer(tok, directory: str | os.PathLike, eos_token: str = NAMED[EOS
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
+    shutil.copyfile(TEMPLATE_PATH, os.path.join(directory, TEMPLATE_FILE))

@@ -9,7 +9,6 @@ standing on their own drafts, as in a real run, and the engine must tell which o
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -18,25 +17,9 @@ from builder import BuildConfig, Engine, EngineError, build
 from builder.config import BuildError
 from runtime import LLM, LLMEngine, PromptInput, SamplingParams
 
-from ..hooks import override_drafts
+from ..hooks import Oracle, kv_rows, override_drafts
 from .conftest import SMALL
 from .test_runtime import prompt_input, run_all
-
-
-class Oracle:
-    """Drafts = the plain greedy continuation, wrong from a random position on (seeded)."""
-
-    def __init__(self, plain: dict[str, list[int]], prompt_lens: dict[str, int], seed: int = 0):
-        self.plain, self.prompt_lens = plain, prompt_lens
-        self.rng = random.Random(seed)
-        self.rounds: list[tuple[str, list[int], list[int]]] = []  # (request, tokens, the heads' drafts)
-
-    def __call__(self, rid: str, tokens: list[int], drafts: list[int]) -> list[int]:
-        self.rounds.append((rid, tokens, drafts))
-        done = len(tokens) - self.prompt_lens[rid]
-        truth = (self.plain[rid][done:] + drafts)[: len(drafts)]
-        cut = self.rng.randint(0, len(truth))
-        return truth[:cut] + [(t + 1) % 1000 for t in truth[cut:]]
 
 
 def _engine(engine, chunk: int | None = None, **kw) -> LLMEngine:
@@ -87,7 +70,7 @@ def test_greedy_with_mtp_equals_plain_for_every_draft_count(engine_f32, plain):
     requests, base, lens, plain_steps = plain
     own, eng = _run(engine_f32[0], requests)
     assert own == base
-    oracle = Oracle(base, lens)
+    oracle = Oracle(base, lens, 1000)
     forced, eng = _run(engine_f32[0], requests, override=oracle)
     assert forced == base
     m = eng.metrics()
@@ -109,7 +92,7 @@ def test_heads_past_max_draft_len_are_not_loaded(tiny_nvfp4_ckpt_dir, plain):
     with pytest.raises(ValueError, match="3 exceeds this engine's 2 MTP heads.*max_draft_len 2"):
         eng.add_request("k3", requests[3][1], requests[3][2])
     few = [r for r in requests if r[2].num_draft_tokens <= 2]
-    outs, eng = _run(engine, few, override=Oracle(base, lens))
+    outs, eng = _run(engine, few, override=Oracle(base, lens, 1000))
     assert outs == {rid: base[rid] for rid, _, _ in few}
     assert eng.metrics()["mean_acceptance_length"] > 1.2
 
@@ -134,7 +117,7 @@ NUM_BLOCKS = 12  # four requests of 3 to 22 prompt tokens cannot all run at once
 def test_preemption_with_mtp_recomputes_heads(engine_f32, plain):
     requests, base, lens, plain_steps = plain
     picked = [requests[i] for i in (1, 3, 5, 7)]
-    out, eng = _run(engine_f32[0], picked, override=Oracle(base, lens, seed=1), num_blocks=NUM_BLOCKS)
+    out, eng = _run(engine_f32[0], picked, override=Oracle(base, lens, 1000, seed=1), num_blocks=NUM_BLOCKS)
     assert eng.scheduler.num_preemptions > 0
     assert out == {rid: base[rid] for rid, _, _ in picked}
     usage = eng.blocks.usage()
@@ -147,7 +130,7 @@ def test_drafts_equal_the_reference_heads(engine_f32, reference, prompts, plain)
     requests, base, lens, plain_steps = plain
     by_id = {f"k{k}": prompts[k % len(prompts)] for k in range(9)}
     picked = [requests[i] for i in (2, 4, 8)]  # media prompt (2 heads), long text (4), short text (8)
-    oracle = Oracle(base, lens, seed=2)
+    oracle = Oracle(base, lens, 1000, seed=2)
     _run(engine_f32[0], picked, override=oracle)
     assert len(oracle.rounds) >= 6
     for rid, tokens, drafts in oracle.rounds:
@@ -174,7 +157,7 @@ def test_draft_vocabulary(tiny_nvfp4_ckpt_dir, engine_f32, reference, prompts, p
     assert engine.config["draft_vocab"] == vocab
     by_id = {f"k{k}": prompts[k % len(prompts)] for k in range(9)}
     picked = [requests[i] for i in (2, 4, 8)]
-    oracle = Oracle(base, lens, seed=2)
+    oracle = Oracle(base, lens, 1000, seed=2)
     out, _ = _run(engine, picked, override=oracle)
     assert out == {rid: base[rid] for rid, _, _ in picked}
     assert len(oracle.rounds) >= 6
@@ -219,21 +202,6 @@ def test_bad_draft_vocabulary_is_refused(tiny_nvfp4_ckpt_dir, vocab, match):
         )
 
 
-def _kv_rows(runner, seq, layer_or_head: int, positions, head: bool):
-    """K and V rows of a sequence at `positions`: a main layer's (its group's table) or a head's (group 0)."""
-    bs = runner.block_size
-    if head:
-        g, kc, vc = 0, runner.head_key_caches[layer_or_head], runner.head_value_caches[layer_or_head]
-    else:
-        g = runner.layout["group_of_layer"][layer_or_head]
-        j = runner.layout["slot_of_layer"][layer_or_head]
-        kc, vc = runner.key_caches[j], runner.value_caches[j]
-    table = seq.blocks.tables[g]
-    blocks = [table[t // bs] for t in positions]
-    offs = [t % bs for t in positions]
-    return kc[blocks, offs], vc[blocks, offs]
-
-
 def test_caches_after_accepts_and_rejects_equal_fresh_recomputation(engine_f32, reference, plain):
     """Mid-generation, after many accepted and rejected drafts: the main model's KV and sconv states,
     and every head's KV and sconv states, equal those of a fresh prefill of the same tokens; the heads'
@@ -242,7 +210,7 @@ def test_caches_after_accepts_and_rejects_equal_fresh_recomputation(engine_f32, 
     engine = engine_f32[0]
     picked = [requests[i] for i in (4, 8)]  # long text with 4 heads, short text with 8
     eng = _engine(engine, 16)
-    override_drafts(eng, Oracle(base, lens, seed=3))
+    override_drafts(eng, Oracle(base, lens, 1000, seed=3))
     for rid, p, params in picked:
         eng.add_request(rid, p, SamplingParams(**{**params.__dict__, "max_tokens": 40}))
     while eng.acceptance.steps < 8:
@@ -271,7 +239,7 @@ def test_caches_after_accepts_and_rejects_equal_fresh_recomputation(engine_f32, 
             held = [t for t in held if fseq.blocks.tables[g][t // runner.block_size] >= 0]
             assert len(held) >= min(L - 1, c.sliding_window)
             for a, b in zip(
-                _kv_rows(runner, seq, layer, held, False), _kv_rows(fresh.runner, fseq, layer, held, False)
+                kv_rows(runner, seq, layer, held, False), kv_rows(fresh.runner, fseq, layer, held, False)
             ):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         for a, b in zip(runner.conv_states, fresh.runner.conv_states):
@@ -279,8 +247,8 @@ def test_caches_after_accepts_and_rejects_equal_fresh_recomputation(engine_f32, 
         for m in range(1, params.num_draft_tokens + 1):
             assert seq.head_computed[m - 1] == fseq.head_computed[m - 1] == L - 1
             for a, b in zip(
-                _kv_rows(runner, seq, m - 1, range(L - 1), True),
-                _kv_rows(fresh.runner, fseq, m - 1, range(L - 1), True),
+                kv_rows(runner, seq, m - 1, range(L - 1), True),
+                kv_rows(fresh.runner, fseq, m - 1, range(L - 1), True),
             ):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
             for a, b in zip(runner.head_conv_states[m - 1], fresh.runner.head_conv_states[m - 1]):

@@ -10,8 +10,6 @@ drafts as in a real run; the engine must repair what a rejection leaves stale.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -22,7 +20,7 @@ from inkling.published.ops import bank_attention, deinterleave, residual_sconv, 
 from inkling.published.synth import write_checkpoint
 from runtime import LLMEngine, PromptInput, SamplingParams
 
-from ..hooks import override_drafts
+from ..hooks import Oracle, kv_rows, override_drafts
 from .test_runtime import run_all
 
 pytest.importorskip("transformers")
@@ -46,23 +44,6 @@ def engine(ckpt):
 @pytest.fixture(scope="module")
 def reference(ckpt):
     return MTPReference.load(ckpt)
-
-
-class Oracle:
-    """Drafts = the plain greedy continuation, wrong from a random position on (seeded); records each
-    round's tokens and the depths' own drafts."""
-
-    def __init__(self, plain: dict[str, list[int]], prompt_lens: dict[str, int], seed: int = 0):
-        self.plain, self.prompt_lens = plain, prompt_lens
-        self.rng = random.Random(seed)
-        self.rounds: list[tuple[str, list[int], list[int]]] = []
-
-    def __call__(self, rid: str, tokens: list[int], drafts: list[int]) -> list[int]:
-        self.rounds.append((rid, tokens, drafts))
-        done = len(tokens) - self.prompt_lens[rid]
-        truth = (self.plain[rid][done:] + drafts)[: len(drafts)]
-        cut = self.rng.randint(0, len(truth))
-        return truth[:cut] + [(t + 1) % VOCAB for t in truth[cut:]]
 
 
 def every_k_and_length() -> list[tuple[str, torch.Tensor, SamplingParams]]:
@@ -170,7 +151,7 @@ def test_greedy_with_mtp_equals_plain_for_every_draft_count_and_prompt_length(en
     requests, base, lens, plain_steps = plain
     own, _ = run(engine, requests)
     assert own == base  # the depths' own drafts (almost all rejected)
-    forced, eng = run(engine, requests, override=Oracle(base, lens))
+    forced, eng = run(engine, requests, override=Oracle(base, lens, VOCAB))
     assert forced == base
     rates = eng.acceptance.acceptance_rates
     assert 0 < rates[0] < 1 and sum(r > 0 for r in rates) >= 6, rates
@@ -191,13 +172,16 @@ def test_preemption_and_the_prefix_cache_with_mtp(engine):
     ]  # fmt: skip
     base, _ = run(engine, picked, k=0)
     eng = LLMEngine(engine, num_blocks=16)
-    override_drafts(eng, Oracle(base, {rid: len(ids) for rid, ids, _ in picked}, seed=1))
+    override_drafts(eng, Oracle(base, {rid: len(ids) for rid, ids, _ in picked}, VOCAB, seed=1))
     for rid, ids, params in picked:
         eng.add_request(rid, PromptInput(ids), params)
     assert run_all(eng) == base
     assert eng.scheduler.num_preemptions > 0
     override_drafts(
-        eng, Oracle({rid + "-2": base[rid] for rid in base}, {rid + "-2": len(ids) for rid, ids, _ in picked})
+        eng,
+        Oracle(
+            {rid + "-2": base[rid] for rid in base}, {rid + "-2": len(ids) for rid, ids, _ in picked}, VOCAB
+        ),
     )
     hits = eng.blocks.stats["prefix_hits"]
     for rid, ids, params in picked:
@@ -220,26 +204,11 @@ def test_drafts_equal_the_reference_depths(engine, reference, plain):
         ("short", torch.randint(0, VOCAB, (4,), generator=g), SamplingParams(max_tokens=12, ignore_eos=True, num_draft_tokens=8)),
     ]  # fmt: skip
     base, _ = run(engine, requests, k=0)
-    oracle = Oracle(base, {rid: len(ids) for rid, ids, _ in requests}, seed=2)
+    oracle = Oracle(base, {rid: len(ids) for rid, ids, _ in requests}, VOCAB, seed=2)
     assert run(engine, requests, override=oracle)[0] == base
     assert len(oracle.rounds) >= 4
     for rid, tokens, drafts in oracle.rounds:
         assert drafts == reference.draft(torch.tensor(tokens), len(drafts)), (rid, len(tokens))
-
-
-def _kv_rows(runner, seq, index: int, positions, head: bool):
-    """K and V rows of a sequence at `positions`: a trunk layer's (its group's table) or a depth's (group 0)."""
-    bs = runner.block_size
-    if head:
-        g, kc, vc = 0, runner.head_key_caches[index], runner.head_value_caches[index]
-    else:
-        g = runner.layout["group_of_layer"][index]
-        j = runner.layout["slot_of_layer"][index]
-        kc, vc = runner.key_caches[j], runner.value_caches[j]
-    table = seq.blocks.tables[g]
-    return kc[[table[t // bs] for t in positions], [t % bs for t in positions]], vc[
-        [table[t // bs] for t in positions], [t % bs for t in positions]
-    ]
 
 
 def test_states_after_accepts_and_rejects_equal_fresh_recomputation(engine, reference):
@@ -253,7 +222,7 @@ def test_states_after_accepts_and_rejects_equal_fresh_recomputation(engine, refe
     ]  # fmt: skip
     base, _ = run(engine, requests, k=0)
     eng = LLMEngine(engine)
-    override_drafts(eng, Oracle(base, {rid: len(ids) for rid, ids, _ in requests}, seed=3))
+    override_drafts(eng, Oracle(base, {rid: len(ids) for rid, ids, _ in requests}, VOCAB, seed=3))
     for rid, ids, params in requests:
         eng.add_request(rid, PromptInput(ids), params)
     while eng.acceptance.steps < 8:
@@ -274,8 +243,8 @@ def test_states_after_accepts_and_rejects_equal_fresh_recomputation(engine, refe
         assert fseq.output_ids == [seq.tokens[-1]] and fseq.drafts == seq.head_drafts
         for d in range(params.num_draft_tokens):
             assert seq.head_computed[d] == fseq.head_computed[d] == L - 1
-            for a, b in zip(_kv_rows(runner, seq, d, range(L - 1), True),
-                            _kv_rows(fresh.runner, fseq, d, range(L - 1), True)):  # fmt: skip
+            for a, b in zip(kv_rows(runner, seq, d, range(L - 1), True),
+                            kv_rows(fresh.runner, fseq, d, range(L - 1), True)):  # fmt: skip
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
             for a, b in zip(runner.head_conv_states[d], fresh.runner.head_conv_states[d]):
                 torch.testing.assert_close(a[seq.slot, -K1:], b[fseq.slot, -K1:], rtol=1e-5, atol=1e-5)
@@ -304,7 +273,7 @@ def test_only_the_depths_a_deployment_drafts_with_are_built(ckpt, plain):
     with pytest.raises(ValueError, match="3 exceeds this engine's 2 MTP heads"):
         eng.add_request("x", PromptInput(torch.tensor([1, 2])), SamplingParams(num_draft_tokens=3))
     few = [r for r in requests if r[2].num_draft_tokens <= 2]
-    assert run(two, few, override=Oracle(base, lens))[0] == {rid: base[rid] for rid, _, _ in few}
+    assert run(two, few, override=Oracle(base, lens, VOCAB))[0] == {rid: base[rid] for rid, _, _ in few}
 
 
 CHI2_7_P999 = 24.322  # chi-square critical value, 7 degrees of freedom, upper tail 1e-3

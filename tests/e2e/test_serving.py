@@ -88,7 +88,12 @@ def inputs(
         out.append(x)
 
     out: list = []
-    add("text_input", np.array([prompt["text"].encode()], dtype=np.object_), "BYTES")
+    if "text" in prompt:
+        add("text_input", np.array([prompt["text"].encode()], dtype=np.object_), "BYTES")
+    for name in ("messages", "tools", "reasoning_effort"):  # the chat form
+        if name in prompt:
+            value = prompt[name] if isinstance(prompt[name], str) else json.dumps(prompt[name])
+            add(name, np.array([value.encode()], dtype=np.object_), "BYTES")
     for key, name in (("images", "image_data_input"), ("audios", "audio_data_input")):
         if prompt.get(key):
             values = [base64.b64encode(v) if b64 else v for v in prompt[key]]
@@ -415,7 +420,7 @@ BAD = {
             text_in(),
             raw_input("image_data_input", np.array([b"%%% not an image %%%"], dtype=np.object_), "BYTES"),
         ],
-        "neither a PNG, JPEG or WAV file nor valid base64",
+        "neither an image or audio file nor valid base64",
     ),
     "undecodable audio": (
         [

@@ -29,8 +29,7 @@ from runtime.step_graphs import (
     token_buckets,
 )
 
-from ..hooks import override_drafts
-from .test_mtp import Oracle
+from ..hooks import Oracle, override_drafts
 from .test_runtime import prompt_input, run_all
 
 
@@ -269,8 +268,8 @@ def test_padded_steps_equal_unpadded(engine_f32, unpadded):
     ones, and nothing else written (padding rows skip the KV write, padding sequences have no state)."""
     requests, base = unpadded
     lens = {rid: len(p.input_ids) for rid, p, _ in requests}
-    want, plain = _run(engine_f32[0], requests, Oracle(base, lens, seed=3))
-    got, eng = _run(engine_f32[0], requests, Oracle(base, lens, seed=3), pad_eager=True)
+    want, plain = _run(engine_f32[0], requests, Oracle(base, lens, 1000, seed=3))
+    got, eng = _run(engine_f32[0], requests, Oracle(base, lens, 1000, seed=3), pad_eager=True)
     assert got == want == base
     rates = eng.acceptance.acceptance_rates
     assert 0 < rates[0] < 1, rates
@@ -378,7 +377,7 @@ def test_every_bucket_a_call_uses_is_made_at_start_up(engine_f32, unpadded):
     made = {name: set(g.buckets) for name, g in _graphs(eng.runner).items()}
     assert all(made.values()), {k: len(v) for k, v in made.items()}
     lens = {rid: len(p.input_ids) for rid, p, _ in requests}
-    override_drafts(eng, Oracle(base, lens, seed=5))
+    override_drafts(eng, Oracle(base, lens, 1000, seed=5))
     for rid, p, params in requests:
         eng.add_request(rid, p, params)
     assert run_all(eng) == base

@@ -27,8 +27,7 @@ from inkling.synth import iter_synthetic_tensors, synth_config
 from inkling.tokenizer import build_tokenizer
 from runtime import LLM, LLMEngine, PromptInput, SamplingParams
 
-from ..hooks import override_drafts
-from .test_mtp import Oracle
+from ..hooks import Oracle, override_drafts
 
 DEVICE = os.environ.get("INKLING_TP_DEVICE", "cpu")
 COLLECTIVES = os.environ.get("INKLING_TP_COLLECTIVES", "auto")
@@ -250,7 +249,9 @@ def with_oracle_drafts(llm: LLM, plain: list[list[int]]) -> list[list[int]]:
     (accepts and rejects, so rollbacks reach every rank): each request's tokens."""
     prompts = [llm.prepare(p) for p in PROMPTS]
     want = {f"r{i}": tokens for i, tokens in enumerate(plain)}
-    override_drafts(llm.engine, Oracle(want, {f"r{i}": len(p.input_ids) for i, p in enumerate(prompts)}))
+    override_drafts(
+        llm.engine, Oracle(want, {f"r{i}": len(p.input_ids) for i, p in enumerate(prompts)}, 1000)
+    )
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_draft_tokens=2)
     try:
         for i, p in enumerate(prompts):

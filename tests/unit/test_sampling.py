@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from inkling.detokenizer import IncrementalDetokenizer
 from inkling.tokenizer import build_tokenizer
-from runtime.detokenizer import IncrementalDetokenizer
 from runtime.params import SamplingParams
 from runtime.sampler import filter_logits, make_generator, sample
 

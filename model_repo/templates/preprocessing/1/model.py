@@ -1,5 +1,11 @@
 """preprocessing: prompt text and encoded media -> token ids, encoder inputs and pad positions.
 
+A prompt is either `text_input` (text with placeholders, media in `image_data_input` and
+`audio_data_input` in placeholder order) or the chat form: `messages`, a JSON list of OpenAI-style
+messages (optional `tools`, a JSON list, and `reasoning_effort`, a level name or number), rendered in
+the real Inkling's chat format (inkling/published/chat.py); its image and audio parts carry their data
+as data: URLs or base64, or take it, in order, from the media inputs.
+
 Media arrive as raw bytes or as base64 text (the generate endpoints carry JSON): a value that starts
 with a PNG, JPEG or RIFF signature is taken as the file itself, any other value is base64-decoded.
 Every limit is checked before the expensive step it guards (sizes before decoding, the pixel count
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 from typing import Any
 
@@ -20,9 +27,12 @@ from tokenizers import Tokenizer
 from builder.engine import read_engine_config
 from inkling.config import InklingConfig
 from inkling.processing import ProcessingError, Processor, image_patches
+from inkling.processing.audio import COMPRESSED
+from inkling.published.chat import ChatPrompt, ChatRenderer
 from model_repo.tensors import (
     RequestError,
     error,
+    get,
     load_model_config,
     parameter,
     require,
@@ -31,7 +41,7 @@ from model_repo.tensors import (
     text,
 )
 
-SIGNATURES = (b"\x89PNG", b"\xff\xd8\xff", b"RIFF")  # WebP is RIFF too
+SIGNATURES = (b"\x89PNG", b"\xff\xd8\xff", b"RIFF", *COMPRESSED)  # WebP is RIFF too; FLAC, MP3, Ogg
 
 
 def decode_media(value: bytes, name: str, index: int, max_bytes: int) -> bytes:
@@ -47,7 +57,7 @@ def decode_media(value: bytes, name: str, index: int, max_bytes: int) -> bytes:
             data = base64.b64decode(b"".join(value.split()), validate=True)
         except (binascii.Error, ValueError) as e:
             raise RequestError(
-                f"{name}[{index}] is neither a PNG, JPEG or WAV file nor valid base64: {e}"
+                f"{name}[{index}] is neither an image or audio file nor valid base64: {e}"
             ) from e
     if not data:
         raise RequestError(f"{name}[{index}] is empty")
@@ -83,6 +93,7 @@ class TritonPythonModel:
                 max_image_pixels=int(parameter(cfg, "max_image_pixels")), max_audio_bytes=self.max_audio_bytes,
                 max_audio_seconds=float(parameter(cfg, "max_audio_seconds")),
             )  # fmt: skip
+            self.chat_renderer = ChatRenderer(tokenizer)
             self.num_mels = config.audio.n_mel_bins
             torch.set_num_threads(1)
             return
@@ -109,7 +120,8 @@ class TritonPythonModel:
             return error(f"preprocessing failed: {type(e).__name__}: {e}")
 
     def _process(self, request: Any) -> Any:
-        prompt = self._prompt(require(request, "text_input"))
+        chat = self._chat(request)
+        prompt = None if chat else self._prompt(require(request, "text_input"))
         images = strings(request, "image_data_input")
         audios = strings(request, "audio_data_input")
         if len(images) > self.max_images:
@@ -118,6 +130,8 @@ class TritonPythonModel:
             raise RequestError(f"{len(audios)} audios, over the limit of {self.max_audios} per request")
         images = [decode_media(v, "image_data_input", i, self.max_image_bytes) for i, v in enumerate(images)]
         audios = [decode_media(v, "audio_data_input", i, self.max_audio_bytes) for i, v in enumerate(audios)]
+        if chat:
+            return self._published_response(self.processor.chat(chat, images, audios))
         if self.published:
             return self._published_response(self.processor(prompt, images, audios))
         out = self.processor(prompt, images=images, audios=audios)
@@ -179,6 +193,47 @@ class TritonPythonModel:
                 tensor("MM_POSITIONS", positions.numpy(), np.int64),
             ]
         )
+
+    def _chat(self, request: Any) -> ChatPrompt | None:
+        """The chat form's messages rendered, or None for a `text_input` request."""
+        raw = get(request, "messages")
+        if raw is None:
+            for name in ("tools", "reasoning_effort"):
+                if get(request, name) is not None:
+                    raise RequestError(f"{name} belongs to the chat form: send messages with it")
+            return None
+        if get(request, "text_input") is not None:
+            raise RequestError("send text_input or messages, not both")
+        if not self.published:
+            raise RequestError("the chat form needs an engine of the real Inkling")
+        # the messages may carry their media inline, as base64
+        media = self.max_images * self.max_image_bytes + self.max_audios * self.max_audio_bytes
+        messages = self._json(raw, "messages", self.max_text_bytes + media * 4 // 3)
+        tools = get(request, "tools")
+        tools = None if tools is None else self._json(tools, "tools", self.max_text_bytes)
+        effort = get(request, "reasoning_effort")
+        effort = None if effort is None else self._string(effort, "reasoning_effort", 64)
+        chat = self.chat_renderer.render(messages, tools=tools, reasoning_effort=effort)
+        if len(chat.images) > self.max_images:
+            raise RequestError(f"{len(chat.images)} images, over the limit of {self.max_images} per request")
+        if len(chat.audios) > self.max_audios:
+            raise RequestError(f"{len(chat.audios)} audios, over the limit of {self.max_audios} per request")
+        return chat
+
+    def _string(self, value: np.ndarray, name: str, max_bytes: int) -> str:
+        if value.size != 1:
+            raise RequestError(f"{name} must hold one value, got shape {list(value.shape)}")
+        raw = value.reshape(-1)[0]
+        raw = raw if isinstance(raw, bytes) else str(raw).encode()
+        if len(raw) > max_bytes:
+            raise RequestError(f"{name} is {len(raw)} bytes, over the limit of {max_bytes}")
+        return text(raw, name)
+
+    def _json(self, value: np.ndarray, name: str, max_bytes: int) -> Any:
+        try:
+            return json.loads(self._string(value, name, max_bytes))
+        except json.JSONDecodeError as e:
+            raise RequestError(f"{name} is not valid JSON: {e}") from e
 
     def _prompt(self, value: np.ndarray) -> str:
         if value.size != 1:
