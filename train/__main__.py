@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
-import time
 
 import torch
-import torch.nn.functional as F
 
 from inkling.synth import write_checkpoint
 from inkling.tensors import expected_tensors
@@ -27,13 +24,8 @@ from inkling.tokenizer import build_tokenizer
 
 from . import small_config
 from .data import Mixture
+from .loop import add_arguments, fit, needle_accuracy, weighted_ce
 from .model import forward, new_model
-
-
-def weighted_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
-    w = weights.flatten()
-    return (loss * w).sum() / w.sum().clamp(min=1e-6)
 
 
 def losses(
@@ -50,33 +42,12 @@ def losses(
     return main, head_losses
 
 
-@torch.no_grad()
-def needle_eval(
-    model, mixture: Mixture, lengths: list[int], n: int, device, autocast: bool
-) -> dict[int, float]:
-    """Fraction of held-out needle samples whose every answer token is the argmax (= greedy retrieval)."""
-    model.eval()
-    out = {}
-    for length in lengths:
-        correct = 0
-        for _ in range(n):
-            s = mixture.needle(length)
-            ids = torch.tensor([s.ids], device=device)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                logits, _ = forward(model, ids, num_heads=0)
-            answer = s.answer_positions
-            pred = logits[0, [i - 1 for i in answer]].argmax(-1)
-            correct += bool((pred == ids[0, answer]).all())
-        out[length] = correct / n
-    model.train()
-    return out
+def answer_logits(model, autocast: bool):
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            return forward(model, ids, num_heads=0)[0]
 
-
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return logits
 
 
 def readme(args_line: str, log: dict) -> str:
@@ -96,18 +67,7 @@ def readme(args_line: str, log: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m train", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--seq_len", type=int, default=2048)
-    p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--time_budget", type=float, default=None, help="seconds of training (sets --steps)")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--mtp_weight", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval_every", type=int, default=200)
-    p.add_argument("--force", action="store_true")
+    add_arguments(p)
     args = p.parse_args(argv)
     if (args.steps is None) == (args.time_budget is None):
         p.error("give exactly one of --steps and --time_budget")
@@ -132,43 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     eval_data = Mixture(tok, args.seq_len, seed=args.seed + 1, held_out=True)
     eval_lengths = sorted({256, args.seq_len // 2, args.seq_len})
 
-    total = args.steps or 10**9
-    history = []
-    start = time.perf_counter()
-    step = 0
-    main_loss = torch.zeros(())
-    head_losses: list[torch.Tensor] = []
-    while step < total:
-        ids, weights = train_data.batch(args.batch_size)
-        ids, weights = ids.to(device, non_blocking=True), weights.to(device, non_blocking=True)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, total if args.steps else max(total, 1000), args.lr, args.warmup)
-        main_loss, head_losses = losses(model, ids, weights, autocast)
-        loss = main_loss + args.mtp_weight * torch.stack(head_losses).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        step += 1
-        if args.time_budget is not None and step == 20:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            per_step = (time.perf_counter() - start) / step
-            total = max(step + 1, int(args.time_budget / per_step))
-            print(f"{per_step * 1e3:.0f} ms/step -> {total} steps in {args.time_budget:.0f} s", flush=True)
-        if step % 50 == 0 or step == total:
-            entry = {
-                "step": step,
-                "seconds": round(time.perf_counter() - start, 1),
-                "main": round(main_loss.item(), 4),
-                "heads": [round(h.item(), 3) for h in head_losses],
-            }
-            if step % args.eval_every == 0 or step == total:
-                entry["needle"] = needle_eval(model, eval_data, eval_lengths, 8, device, autocast)
-            history.append(entry)
-            print(json.dumps(entry), flush=True)
-    train_seconds = time.perf_counter() - start
-    final_needle = needle_eval(model, eval_data, eval_lengths, 32, device, autocast)
+    logits = answer_logits(model, autocast)
+    run = fit(
+        args, opt, params, lambda ids, w: losses(model, ids, w, autocast), train_data,
+        lambda n: needle_accuracy(model, logits, eval_data, eval_lengths, n, device),
+    )  # fmt: skip
+    step, train_seconds = run.steps, run.seconds
+    final_needle = needle_accuracy(model, logits, eval_data, eval_lengths, 32, device)
 
     log = {
         "steps": step,
@@ -180,11 +110,11 @@ def main(argv: list[str] | None = None) -> None:
         else platform.processor() or "cpu",
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "final_main_loss": main_loss.item(),
-        "final_head_losses": [round(h.item(), 3) for h in head_losses],
+        "final_main_loss": run.main_loss,
+        "final_head_losses": run.head_losses,
         "needle": final_needle,
         "args": vars(args),
-        "history": history,
+        "history": run.history,
     }
     args_line = (
         f"python -m train --out {args.out} --device {device.type} --seq_len {args.seq_len} "

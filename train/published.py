@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
 import shutil
 import tempfile
-import time
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -37,8 +35,8 @@ from inkling.published.synth import synth_tensor
 from inkling.published.tokens import build_tiny_tokenizer, save_tokenizer
 from inkling.synth import atomic_checkpoint_dir
 
-from .__main__ import lr_at, weighted_ce
 from .data import Mixture
+from .loop import add_arguments, fit, needle_accuracy, weighted_ce
 
 SEPARATOR, EOS = "<|endoftext|>", "<|content_model_end_sampling|>"  # no BOS in the real model
 TRAINED_FILE = "trained.safetensors"
@@ -123,9 +121,8 @@ class Trainee(torch.nn.Module):
         return out
 
 
-def losses(model: Trainee, ids, weights, autocast: bool):
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-        logits, heads = model(ids)
+def losses(model: Trainee, ids, weights):
+    logits, heads = model(ids)
     main = weighted_ce(logits[:, :-1], ids[:, 1:], weights[:, 1:])
     head_losses = [
         weighted_ce(hl, ids[:, m + 1 :], weights[:, m + 1 :]) for m, hl in enumerate(heads, start=1)
@@ -133,25 +130,8 @@ def losses(model: Trainee, ids, weights, autocast: bool):
     return main, head_losses
 
 
-@torch.no_grad()
-def needle_eval(
-    model: Trainee, mixture: Mixture, lengths, n: int, device, autocast: bool
-) -> dict[int, float]:
-    """Fraction of held-out needle samples whose every answer token is the argmax (greedy retrieval)."""
-    model.eval()
-    out = {}
-    for length in lengths:
-        correct = 0
-        for _ in range(n):
-            s = mixture.needle(length)
-            ids = torch.tensor([s.ids], device=device)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                logits, _ = model(ids, num_depths=0)
-            answer = s.answer_positions
-            correct += bool((logits[0, [i - 1 for i in answer]].argmax(-1) == ids[0, answer]).all())
-        out[length] = correct / n
-    model.train()
-    return out
+def answer_logits(model: Trainee):
+    return lambda ids: model(ids, num_depths=0)[0]
 
 
 def write(out: str, model: Trainee, tok, readme: str, log: dict, force: bool) -> None:
@@ -225,19 +205,8 @@ def readme(args_line: str, log: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m train.published", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--seq_len", type=int, default=2048)
-    p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--time_budget", type=float, default=None, help="seconds of training (sets --steps)")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--mtp_weight", type=float, default=0.5)
+    add_arguments(p)
     p.add_argument("--qk_norm_lr_scale", type=float, default=10.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval_every", type=int, default=200)
-    p.add_argument("--force", action="store_true")
     p.add_argument(
         "--materialize", metavar="SRC", help="write the whole checkpoint of the committed form SRC to --out"
     )
@@ -251,9 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
-    # float32 with TF32 matmuls: under bf16 autocast transformers' SDPA path fails to fill its position-bias
-    # mask (a float32 minimum into a bf16 bias), and at these widths float32 costs little
-    autocast = False
+    # float32 with TF32 matmuls, no bf16 autocast: under it transformers' SDPA path fails to fill its
+    # position-bias mask (a float32 minimum into a bf16 bias), and at these widths float32 costs little
     config = trained_config()
     tok = build_tiny_tokenizer(config.text.num_real_tokens)
     with tempfile.TemporaryDirectory() as d:
@@ -285,45 +253,19 @@ def main(argv: list[str] | None = None) -> None:
     eval_data = Mixture(tok, args.seq_len, seed=args.seed + 1, held_out=True, **marks)
     eval_lengths = sorted({256, args.seq_len // 2, args.seq_len, 2 * args.seq_len})
 
-    total = args.steps or 10**9
-    history, step, start = [], 0, time.perf_counter()
-    main_loss, head_losses = torch.zeros(()), []
-    while step < total:
-        ids, weights = train_data.batch(args.batch_size)
-        ids, weights = ids.to(device, non_blocking=True), weights.to(device, non_blocking=True)
-        for group in opt.param_groups:
-            scale = group.get("lr_scale", 1.0)
-            group["lr"] = scale * lr_at(step, total if args.steps else max(total, 1000), args.lr, args.warmup)
-        main_loss, head_losses = losses(model, ids, weights, autocast)
-        loss = main_loss + args.mtp_weight * torch.stack(head_losses).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        step += 1
-        if args.time_budget is not None and step == 20:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            per_step = (time.perf_counter() - start) / step
-            total = max(step + 1, int(args.time_budget / per_step))
-            print(f"{per_step * 1e3:.0f} ms/step -> {total} steps in {args.time_budget:.0f} s", flush=True)
-        if step % 50 == 0 or step == total:
-            if not math.isfinite(loss.item()):
-                raise RuntimeError(f"the loss is {loss.item()} at step {step}")
-            entry = {"step": step, "seconds": round(time.perf_counter() - start, 1),
-                     "main": round(main_loss.item(), 4), "heads": [round(h.item(), 3) for h in head_losses]}  # fmt: skip
-            if step % args.eval_every == 0 or step == total:
-                entry["needle"] = needle_eval(model, eval_data, eval_lengths, 8, device, autocast)
-            history.append(entry)
-            print(json.dumps(entry), flush=True)
-    train_seconds = time.perf_counter() - start
-    final_needle = needle_eval(model, eval_data, eval_lengths, 32, device, autocast)
+    logits = answer_logits(model)
+    run = fit(
+        args, opt, params, lambda ids, w: losses(model, ids, w), train_data,
+        lambda n: needle_accuracy(model, logits, eval_data, eval_lengths, n, device),
+    )  # fmt: skip
+    step, train_seconds = run.steps, run.seconds
+    final_needle = needle_accuracy(model, logits, eval_data, eval_lengths, 32, device)
     log = {
         "steps": step, "batch_size": args.batch_size, "seq_len": args.seq_len, "train_seconds": train_seconds,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "python": platform.python_version(), "final_main_loss": main_loss.item(),
-        "final_head_losses": [round(h.item(), 3) for h in head_losses], "needle": final_needle,
-        "args": vars(args), "history": history,
+        "torch": torch.__version__, "python": platform.python_version(), "final_main_loss": run.main_loss,
+        "final_head_losses": run.head_losses, "needle": final_needle,
+        "args": vars(args), "history": run.history,
     }  # fmt: skip
     args_line = (
         f"python -m train.published --out {args.out} --device {device.type} --seq_len {args.seq_len} "

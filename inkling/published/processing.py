@@ -14,8 +14,8 @@ and `<|audio_end|>` belong to the text or the chat format, and no BOS is added.
   place the two may differ); 40x40 patches over ceil(H/40) rows and floor(W/40)+1 columns, padded with
   the raw value -1, CLIP-normalised, duplicated in time: pixel values [N, 2, 40, 40, 3] float32.
 - Audio (§5): WAV at any rate, channel count and sample width (and FLAC, MP3, Ogg where soundfile is
-  installed), averaged to mono and resampled to 16 kHz (inkling.processing.audio); then transformers' own `InklingFeatureExtractor` (log10 Slaney mel,
-  hop 800) and the processor's dMel levels (nearest of 16 centres over [-7, 2]): levels [F, 80] int64.
+  installed), averaged to mono and resampled to 16 kHz (inkling.processing.audio); then transformers'
+  own `InklingFeatureExtractor` (log10 Slaney mel, hop 800) and the processor's dMel levels (nearest of 16 centres over [-7, 2]): levels [F, 80] int64.
 """
 
 from __future__ import annotations
