@@ -18,7 +18,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 
-.PHONY: venv test lint unit test-slow test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-peers bench-serving train train-published bench-needle bench-acceptance clean
+.PHONY: venv test lint unit test-slow test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-serving train train-published bench-needle bench-acceptance clean
 
 venv: $(STAMP)
 
@@ -81,28 +81,23 @@ SERVE_ARGS ?=
 serve: $(STAMP)
 	$(PY) -m model_repo.serve --engine $(ENGINE) --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
 
-# The end-to-end workload (8K in / 1K out) on inkling-bench, synthesized and built in GPU memory:
-# `make GPU=1 bench` on the GPU host; BENCH_ARGS= to change shapes (e.g. the CPU smoke shape of
-# tests/e2e/test_bench_smoke.py). Three parts of at most ten minutes each on one H200 (each one `make
-# bench-PART` of its own where a machine is lent ten minutes at a time), then one table and plot of them
-# all in $(BENCH_DIR)/results.md and e2e.png: first tokens and decode batches; MTP with 3 drafts every step;
-# the reference model eager and under torch.compile. The decode and MTP batches sample (temperature 1, a
-# seed per user): greedy batches of 32 and 64 on synthetic weights sped up after their first steps, past
-# the bound of uniform routing, most likely as their users' tokens converged (BENCHMARKS.md, run 17).
-BENCH_ARGS ?= --preset inkling-bench --device cuda --cuda_graphs --compile
+# The end-to-end workload (8K in / 1K out) on inkling-bench (the real Inkling's six NVFP4 MoE layers at full
+# width), synthesized and built in GPU memory: `make GPU=1 bench` on the GPU host; BENCH_ARGS= to change
+# shapes (e.g. the CPU smoke shape of tests/e2e/test_bench_smoke.py). Two parts of at most ten minutes each on
+# one H200 (each one `make bench-PART` of its own where a machine is lent ten minutes at a time), then one
+# table and plot of both in $(BENCH_DIR)/results.md and e2e.png: first tokens and decode batches; MTP with 3
+# drafts every step. The decode batches sample (temperature 1, a seed per user).
+BENCH_ARGS ?= --preset inkling-bench --device cuda --cuda_graphs
 BENCH_DIR ?= build/bench-e2e
-bench: bench-decode bench-mtp bench-peers
+bench: bench-decode bench-mtp
 	$(PY) -m bench.e2e --merge --out $(BENCH_DIR)
 
 bench-decode: $(STAMP)
-	$(PY) -m bench.e2e $(BENCH_ARGS) --decode_budget_s 45 --temperature 1 --reference_peers "" --out $(BENCH_DIR)/decode
+	$(PY) -m bench.e2e $(BENCH_ARGS) --decode_budget_s 45 --temperature 1 --out $(BENCH_DIR)/decode
 
 bench-mtp: $(STAMP)
-	$(PY) -m bench.e2e $(BENCH_ARGS) --num_draft_tokens 3 --fixed_drafts --draft_vocab_size 32768 \
-		--tune_max_tokens 256 --decode_budget_s 30 --temperature 1 --reference_peers "" --out $(BENCH_DIR)/mtp
-
-bench-peers: $(STAMP)
-	$(PY) -m bench.e2e $(BENCH_ARGS) --peers_only --out $(BENCH_DIR)/peers
+	$(PY) -m bench.e2e $(BENCH_ARGS) --num_draft_tokens 3 --fixed_drafts \
+		--tune_max_tokens 256 --decode_budget_s 30 --temperature 1 --out $(BENCH_DIR)/mtp
 
 bench-serving: $(STAMP)
 	$(PY) -m bench.serving --engine $(ENGINE)

@@ -86,3 +86,68 @@ def prefill_flops(c: InklingConfig, num_tokens: int) -> float:
         pairs = sum(min(i + 1, window) for i in range(T)) if T <= 65536 else T * min(T, window)
         flops += pairs * c.num_attention_heads * (4 * c.head_dim + 2 * c.rel_head_dim)
     return flops + 2 * H * c.vocab_size  # lm_head for the last token
+
+
+# The real Inkling (inkling.published.config): the same bounds on its shapes. Per layer a token reads its
+# q/k/v/r and output projections, its layer's bank rows (X or the keys it sees, at most), its KV (8 heads on
+# full layers, 16 on sliding ones, at most 511 + 1 keys there), the router (bf16 in the checkpoint) and the
+# shared experts, its k routed experts (NVFP4, or BF16 in a layer the checkpoint keeps BF16) or the dense
+# MLP; then the unembedding's unpadded rows.
+
+
+def real_decode_step_bytes(c, kv_len: int, distinct_experts: int | None = None) -> StepBytes:
+    """Bytes one decode step of the real Inkling reads for one sequence with `kv_len` tokens of context (one
+    GPU). distinct_experts: routed experts touched per MoE layer (top-k for one token)."""
+    t = c.text
+    H, I = t.hidden_size, t.moe_intermediate_size
+    experts = t.num_experts_per_tok if distinct_experts is None else distinct_experts
+    weights = rel = kv = 0.0
+    for layer in range(t.num_hidden_layers):
+        a = t.attention(layer)
+        keys = min(kv_len, a.window or kv_len)
+        weights += ((a.q_size + 2 * a.kv_size + a.r_size) * H + H * a.q_size) * BF16
+        if t.is_dense(layer):
+            weights += 3 * t.intermediate_size * H * BF16
+        else:
+            routed = NVFP4 if c.experts_quantized(layer) else BF16
+            weights += (t.n_routed_experts + t.n_shared_experts) * H * BF16  # the router
+            weights += t.n_shared_experts * 3 * I * H * BF16 + experts * 3 * I * H * routed
+        rel += a.d_rel * min(keys, a.rel_extent) * BF16
+        kv += 2 * keys * a.kv_size * BF16
+    return StepBytes(weights, rel, kv, t.num_real_tokens * H * BF16)
+
+
+def real_expected_distinct_experts(c, tokens: int) -> float:
+    """As expected_distinct_experts, for the real Inkling's E and k."""
+    E, k = c.text.n_routed_experts, c.text.num_experts_per_tok
+    return E * (1 - (1 - k / E) ** tokens)
+
+
+def real_decode_batch_seconds(c, kv_len: int, batch: int) -> float:
+    """The bound of one decode step of `batch` sequences of the real Inkling, as decode_batch_seconds."""
+    one = real_decode_step_bytes(c, kv_len, round(real_expected_distinct_experts(c, batch)))
+    return (one.weights + one.lm_head + batch * (one.rel_embed + one.kv)) / BANDWIDTH
+
+
+def real_prefill_flops(c, num_tokens: int) -> float:
+    """Matrix FLOPs of a prefill of `num_tokens` of the real Inkling (2 per multiply-add): its linears, the
+    attention over each query's allowed keys (q·k and p·v per head) and its relative term (r·P over the
+    keys within the extent), the unembedding of the last token."""
+    t = c.text
+    H, I, T = t.hidden_size, t.moe_intermediate_size, num_tokens
+    flops = 0.0
+    for layer in range(t.num_hidden_layers):
+        a = t.attention(layer)
+        per_token = 2 * ((a.q_size + 2 * a.kv_size + a.r_size) * H + H * a.q_size)
+        if t.is_dense(layer):
+            per_token += 2 * 3 * t.intermediate_size * H
+        else:
+            per_token += 2 * (t.n_routed_experts + t.n_shared_experts) * H
+            per_token += 2 * 3 * I * H * (t.num_experts_per_tok + t.n_shared_experts)
+        flops += per_token * T
+        window = a.window or T
+        pairs = T * (T + 1) // 2 if window >= T else window * (window + 1) // 2 + (T - window) * window
+        near = min(a.rel_extent, T)
+        rel_pairs = near * (near + 1) // 2 + (T - near) * near
+        flops += a.num_heads * (pairs * 4 * a.head_dim + rel_pairs * 2 * a.d_rel)
+    return flops + 2 * H * t.num_real_tokens

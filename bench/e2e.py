@@ -1,27 +1,26 @@
-"""`make bench`: the end-to-end workload users compare with vLLM's (8K prompt in, 1K tokens out).
+"""`make bench`: the end-to-end workload users compare with vLLM's (8K prompt in, 1K tokens out), on the
+real Inkling (inkling-bench: six NVFP4 MoE layers of the 1T at full width, its embedding, unembedding and
+8 MTP depths).
 
     python -m bench.e2e --preset inkling-bench --device cuda --out build/bench-e2e     # the H200 run
     python -m bench.e2e --preset inkling-tiny --device cpu --prompt_len 128 --output_len 8 --batches 1,2 --out DIR
 
-The weights are synthesized where they run (inkling-bench is 67 GB with NVFP4 experts, more than the
-GPU host's free disk) and the engine is built in memory. Prompts come in three entropy tiers, from
-text that ships with Python: low (source code and sorted numbers), mixed (the pydoc topics), high
-(prose: the license text). `--cuda_graphs` replays the decode steps from CUDA graphs (off by default).
-Measured, in one run: time to first token for one prompt per tier; for each batch size, the decode steps
-once every request has its first token (each step timed: median and spread, tokens/s per user, throughput;
-a batch stops after `--output_len` tokens or `--decode_budget_s` seconds of decoding, whichever comes
-first, and the table says how many tokens it ran); optionally a torch.profiler table of a few decode steps
-at `--profile_batch`; the reference model as a user would otherwise run it (eager, no cache: it recomputes
-the sequence for each token) and the same under torch.compile, each in its own process with a time limit
-after the engine is freed; and the bound of bench/bound.py. Writes results.json, results.md and e2e.png
-into --out.
+The weights are synthesized where they run (inkling.published.synth.iter_tensors: inkling-bench is about
+27 GB, NVFP4 experts and BF16 MTP depths) and the engine is built in memory. Prompts are random token ids
+(the synthetic model has no tokenizer; a random router routes them much as it would text), one prompt a
+user. `--cuda_graphs` replays the decode steps from CUDA graphs. Measured, in one run: time to first token
+for three prompts; for each batch size, the decode steps once every request has its first token (each step
+timed: median and spread, tokens/s per user, throughput; a batch stops after `--output_len` tokens or
+`--decode_budget_s` seconds of decoding, whichever comes first, and the table says how many tokens it ran);
+optionally a torch.profiler table of a few decode steps at `--profile_batch` or of a prefill; and the bound
+of bench/bound.py. Writes results.json, results.md and e2e.png into --out. The peers (vLLM, SGLang,
+TokenSpeed) do not run on the GPU host: BENCHMARKS.md sets their published figures beside ours.
 
-`make bench` runs the workload in three parts of at most ten minutes each on the H200 (`make bench-decode`,
-`bench-mtp`, `bench-peers`, each into its own directory), then `--merge` joins them into one table and plot:
+`make bench` runs the workload in two parts of at most ten minutes each on the H200 (`make bench-decode`,
+`bench-mtp`, each into its own directory), then `--merge` joins them into one table and plot:
 
-    python -m bench.e2e ... --out OUT/decode            # first tokens and decode batches, no MTP, no peers
+    python -m bench.e2e ... --out OUT/decode            # first tokens and decode batches, no MTP
     python -m bench.e2e ... --num_draft_tokens 3 --fixed_drafts --out OUT/mtp
-    python -m bench.e2e ... --peers_only --out OUT/peers   # the reference peers alone (no engine)
     python -m bench.e2e --merge --out OUT               # OUT/results.md, results.json, e2e.png
 
 A part that ended before its last batches is completed by a run of those batches alone into OUT/PART-2
@@ -32,66 +31,41 @@ from __future__ import annotations
 
 import argparse
 import glob
-import inspect
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
-from builder import BuildConfig, PluginConfig, build
-from inkling.model import InklingReference
-from inkling.synth import iter_synthetic_tensors, synth_config
+from builder import BuildConfig, PluginConfig
+from builder.profiles import BuildLog
+from builder.published_build import build_published_tensors
+from inkling.published.config import preset
+from inkling.published.synth import iter_tensors
 from runtime import LLM, PromptInput, SamplingParams
 from runtime.speculative import draft_every_step
 
-from .bound import decode_batch_seconds, decode_step_bytes, prefill_flops
+from .bound import real_decode_batch_seconds, real_decode_step_bytes, real_prefill_flops
 from .profiling import write_profile
 
 DEFAULT_BATCHES = "1,8,32,64"  # the decode batches: batch 1, then throughput at 8, 32 and 64 (issue 12)
 
 
-def tier_texts() -> dict[str, str]:
-    """Text of three entropy tiers, from files every Python installation has."""
-    import json as json_module
-    import pydoc_data.topics
-
-    code = inspect.getsource(json_module.decoder) + inspect.getsource(json_module.encoder)
-    numbers = " ".join(str(i) for i in range(100_000))
-    topics = "\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
-    license_path = os.path.join(os.path.dirname(os.__file__), "LICENSE.txt")
-    prose = open(license_path, encoding="utf-8").read() if os.path.exists(license_path) else topics[::-1]
-    return {"low": code + numbers, "mixed": topics, "high": prose}
+SPECIAL_MARGIN = 64  # the special tokens sit at the top of the unpadded vocabulary: prompts stay below
 
 
-def tier_prompts(tokenizer, bos: int, length: int) -> dict[str, torch.Tensor]:
-    """One prompt of exactly `length` tokens per tier (text repeated if short)."""
-    out = {}
-    for tier, text in tier_texts().items():
-        ids = tokenizer.encode(text, add_special_tokens=False).ids
-        while len(ids) < length:
-            ids = ids + ids
-        out[tier] = torch.tensor([bos] + ids[: length - 1])
-    return out
+def random_prompt(config, length: int, seed: int) -> torch.Tensor:
+    """`length` random ordinary token ids (no BOS: the real Inkling has none)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, config.text.num_real_tokens - SPECIAL_MARGIN, (length,), generator=g)
 
 
-def user_prompts(prompts: dict[str, torch.Tensor], batch: int, shared: bool) -> list[torch.Tensor]:
-    """`batch` prompts for a decode run: the tiers in turn, each user's rotated by its own offset (after its
-    bos) so that no two users decode the same tokens and route to the same experts; with `shared`, the
-    three tier prompts repeated (every third user decodes the same tokens: the MoE reads far fewer experts
-    than a real batch's, the way the first runs measured)."""
-    tiers = list(prompts.values())
-    out = []
-    for i in range(batch):
-        ids = tiers[i % len(tiers)]
-        if not shared and i >= len(tiers):
-            ids = torch.cat([ids[:1], ids[1:].roll(-97 * (i // len(tiers)))])
-        out.append(ids)
-    return out
+def user_prompts(config, length: int, batch: int, seed: int) -> list[torch.Tensor]:
+    """One random prompt a user, so that no two users decode the same tokens and route to the same experts."""
+    return [random_prompt(config, length, seed + 1000 + i) for i in range(batch)]
 
 
 def timed(fn):
@@ -112,11 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output_len", type=int, default=1024)
     ap.add_argument("--batches", default=DEFAULT_BATCHES, help="batch sizes of the decode throughput runs")
     ap.add_argument(
-        "--shared_prompts",
-        action="store_true",
-        help="decode batches of the three tier prompts repeated (the first runs), not one prompt a user",
-    )
-    ap.add_argument(
         "--temperature",
         type=float,
         default=0.0,
@@ -136,12 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="draft num_draft_tokens every step (the runtime's adaptive policy off: random heads accept "
         "nothing, so it would soon stop drafting); times a whole MTP round as the runtime runs it",
-    )
-    ap.add_argument(
-        "--draft_vocab_size",
-        type=int,
-        default=0,
-        help="build with a draft vocabulary of the first N token ids (builder/draft_vocab.py)",
     )
     ap.add_argument(
         "--eager_pick",
@@ -170,23 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="torch.profiler table of one prefill of the mixed prompt (and its first token)",
     )
-    ap.add_argument("--reference_tokens", type=int, default=2, help="tokens each reference peer generates")
-    ap.add_argument(
-        "--reference_peers", default="eager,compile", help="reference peers to run (eager, compile)"
-    )
-    ap.add_argument(
-        "--reference_timeout_s", type=float, default=420.0, help="time limit of each reference peer"
-    )
-    ap.add_argument("--reference_only", choices=("eager", "compile"), help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--peers_only",
-        action="store_true",
-        help="run the reference peers alone (no engine): make bench-peers",
-    )
     ap.add_argument(
         "--merge",
         action="store_true",
-        help="join the parts under --out (decode/, mtp/, peers/: make bench's) into one table and plot",
+        help="join the parts under --out (decode/, mtp/: make bench's) into one table and plot",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
@@ -210,35 +160,33 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.merge:
         return merge(args.out)
-    config, _ = synth_config(args.preset, mtp_heads=8 if args.num_draft_tokens else 0, nvfp4=True)
-    if args.reference_only:
-        return reference_peer(args, config)
+    config = preset(args.preset, nvfp4=True)
     results: dict = {
         "command": " ".join(["python", "-m", "bench.e2e", *argv]),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "date": time.strftime("%Y-%m-%d"),
         "preset": args.preset,
+        "model": "the real Inkling (transformers 5.23.0's architecture), NVFP4 routed experts",
         "cuda_graphs": args.cuda_graphs,
         "compile": args.compile,
         "num_draft_tokens": args.num_draft_tokens,
         "fixed_drafts": args.fixed_drafts,
         "eager_pick": args.eager_pick,
-        "draft_vocab_size": args.draft_vocab_size or None,
         "tune_max_tokens": args.tune_max_tokens if args.tune_max_tokens < 1 << 30 else None,
-        "decode_prompts": "three tier prompts repeated" if args.shared_prompts else "one a user",
+        "decode_prompts": "random token ids, one prompt a user",
         "temperature": args.temperature,
-        "batches": [] if args.peers_only else [int(b) for b in args.batches.split(",")],
+        "batches": [int(b) for b in args.batches.split(",")],
     }
     kv_len = args.prompt_len + args.output_len // 2  # a decode step's context, midway through the output
-    bound = decode_step_bytes(config, kv_len)
+    bound = real_decode_step_bytes(config, kv_len)
     results["bound"] = {
         "decode_bytes_per_step": bound.total,
         "decode_step_s": bound.seconds,
         "tokens_per_s_per_user": 1 / bound.seconds,
-        "prefill_s": prefill_flops(config, args.prompt_len) / 790e12,
-        # per batch size: a decode step of that many distinct sequences (bound.decode_batch_seconds)
+        "prefill_s": real_prefill_flops(config, args.prompt_len) / 790e12,
+        # per batch size: a decode step of that many distinct sequences (bound.real_decode_batch_seconds)
         "decode_batch_step_s": {
-            str(b): decode_batch_seconds(config, kv_len, b) for b in (int(x) for x in args.batches.split(","))
+            str(b): real_decode_batch_seconds(config, kv_len, b) for b in results["batches"]
         },
     }
 
@@ -246,28 +194,20 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(results, f, indent=2)
 
-    if not args.peers_only:
-        measure_engine(args, config, results, save)  # the engine is freed on return
-    if args.device == "cuda":
-        torch.cuda.empty_cache()
-    results["reference"] = {}
-    for mode in filter(None, args.reference_peers.split(",")):
-        results["reference"][mode] = run_reference_peer(argv, args, mode)
-        save()
+    measure_engine(args, config, results, save)
     save()
     write_table(results, os.path.join(args.out, "results.md"))
-    if not args.peers_only:
-        plot({"this run": results}, os.path.join(args.out, "e2e.png"))
+    plot({"this run": results}, os.path.join(args.out, "e2e.png"))
     print(open(os.path.join(args.out, "results.md")).read())
     return 0
 
 
-PARTS = ("decode", "mtp", "peers")  # make bench's parts, each a directory under its --out
+PARTS = ("decode", "mtp")  # make bench's parts, each a directory under its --out
 
 
 def merge(out: str) -> int:
-    """One table and plot from make bench's parts under `out` (PARTS; mtp and peers may be missing): the
-    decode part's first tokens and batches, the MTP part's batches and acceptance, the peers' times against
+    """One table and plot from make bench's parts under `out` (PARTS; mtp may be missing): the
+    decode part's first tokens and batches, the MTP part's batches and acceptance
     the decode part's smallest batch. Writes results.json (the parts whole, under "parts"), results.md and
     e2e.png into `out`."""
     parts = {}
@@ -282,7 +222,7 @@ def merge(out: str) -> int:
         raise SystemExit(
             f"bench.e2e --merge: no {os.path.join(out, 'decode', 'results.json')} (make bench-decode)"
         )
-    merged = {**parts["decode"], "reference": parts.get("peers", {}).get("reference", {}), "parts": parts}
+    merged = {**parts["decode"], "parts": parts}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(merged, f, indent=2)
     write_table(merged, os.path.join(out, "results.md"), mtp=parts.get("mtp"))
@@ -309,41 +249,6 @@ def join_runs(runs: list[dict]) -> dict:
         )
     joined["batches"] = sorted({b for run in runs for b in _requested_batches(run)})
     return joined
-
-
-def reference_peer(args: argparse.Namespace, config) -> int:
-    """This process is one reference peer: eager or torch.compile'd (each decoder layer, dynamic shapes).
-    Prints one JSON line: the first token's time (compilation included) and the mean of the next tokens."""
-    from inkling.tokenizer import build_tokenizer
-
-    ref = InklingReference.from_tensors(config, iter_synthetic_tensors(config, args.seed, args.device))
-    if args.reference_only == "compile":
-        for layer in ref.model.layers:
-            layer.compile(dynamic=True)
-    ids = tier_prompts(build_tokenizer(), config.token_id("bos"), args.prompt_len)["mixed"].to(args.device)
-    with torch.no_grad():
-        first, first_s = timed(lambda: ref.generate(ids, 1, stop_ids=[]))
-        ids = torch.cat([ids, first.to(args.device)])
-        _, rest_s = timed(lambda: ref.generate(ids, args.reference_tokens, stop_ids=[]))
-    # tokens: the first one, then the timed ones
-    figures = {"first_token_s": first_s, "s_per_token": rest_s / args.reference_tokens}
-    print(json.dumps({**figures, "tokens": 1 + args.reference_tokens}), flush=True)
-    return 0
-
-
-def run_reference_peer(argv: list[str], args: argparse.Namespace, mode: str) -> dict:
-    """Run a reference peer in its own process (its memory is freed with it; a slow compile is cut off)."""
-    cmd = [sys.executable, "-m", "bench.e2e", *argv, "--reference_only", mode]
-    print(f"[bench] reference peer ({mode}), at most {args.reference_timeout_s:.0f} s", flush=True)
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.reference_timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"timed_out_s": args.reference_timeout_s}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        return {"failed": (done.stderr or done.stdout)[-2000:], "wall_s": time.perf_counter() - start}
-    return {**json.loads(lines[-1]), "wall_s": time.perf_counter() - start}
 
 
 def decode_run(
@@ -439,28 +344,23 @@ def profile_steps(step, args: argparse.Namespace, count: int = 4) -> None:
 
 
 def measure_engine(args: argparse.Namespace, config, results: dict, save) -> None:
-    """Build the engine in memory; time first tokens per tier and decoding per batch size."""
-    from inkling.tokenizer import build_tokenizer
-
+    """Build the engine in memory; time first tokens and decoding per batch size."""
     batches = [int(b) for b in args.batches.split(",")]
     bc = BuildConfig(
         max_batch_size=max(batches), max_input_len=args.prompt_len, max_seq_len=args.prompt_len + args.output_len,
         max_num_tokens=max(args.prompt_len, max(batches)), dtype="bfloat16", device=args.device,
         plugin_config=PluginConfig(tune=args.device == "cuda", tune_max_tokens=args.tune_max_tokens),
-        max_draft_len=args.num_draft_tokens or 8,
+        max_draft_len=args.num_draft_tokens,
     )  # fmt: skip
     print(
         f"[bench] synthesizing {args.preset} with NVFP4 experts on {args.device}, building in memory",
         flush=True,
     )
-    tensors = iter_synthetic_tensors(config, args.seed, args.device)
-    vocab = list(range(args.draft_vocab_size)) if args.draft_vocab_size and args.num_draft_tokens else None
-    engine, results["build_s"] = timed(lambda: build(tensors, bc, config=config, draft_vocab=vocab))
-
-    tokenizer = build_tokenizer()
-    engine.tokenizer_json = tokenizer.to_str()
+    tensors = iter_tensors(config, args.seed, args.device)
+    log = BuildLog(echo=True)
+    engine, results["build_s"] = timed(lambda: build_published_tensors(config, tensors, bc, log))
     if args.compile:
-        # What `--compile` at build gives a runtime, without build's compile_step: that would warm a second
+        # What `--compile` at build gives a runtime, without build's compile step: that would warm a second
         # runner (its own KV caches) beside this one, and its cache artifacts matter only for a later load.
         engine.config["build_config"]["compile"] = True
     llm = LLM(engine, cuda_graphs=args.cuda_graphs)
@@ -468,23 +368,23 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
         llm.engine.spec.draft_policy = draft_every_step
     if args.eager_pick:
         llm.engine.runner.draft_graphs = None
-    prompts = tier_prompts(tokenizer, config.token_id("bos"), args.prompt_len)
+    prompts = {f"prompt {i + 1}": random_prompt(config, args.prompt_len, args.seed + i) for i in range(3)}
     greedy = SamplingParams(max_tokens=1, ignore_eos=True)
-    for warm in (prompts["mixed"][:64], prompts["mixed"]):  # warm-up: kernels compile for short and long
+    first = next(iter(prompts.values()))
+    for warm in (first[:64], first):  # warm-up: kernels compile for short and long
         llm.generate(PromptInput(warm), greedy)
     results["ttft_s"] = {
-        tier: timed(lambda ids=ids: llm.generate(PromptInput(ids), greedy))[1]
-        for tier, ids in prompts.items()
+        name: timed(lambda ids=ids: llm.generate(PromptInput(ids), greedy))[1]
+        for name, ids in prompts.items()
     }
-    if args.profile_prefill:  # the mixed tier's prompt: prefill and its first token
+    if args.profile_prefill:
         write_profile(
-            lambda: llm.generate(PromptInput(prompts["mixed"]), greedy), 1,
-            os.path.join(args.out, "profile_prefill.txt"),
-            f"prefill of {args.prompt_len} tokens (the mixed prompt, its first token included)", args.device,
+            lambda: llm.generate(PromptInput(first), greedy), 1, os.path.join(args.out, "profile_prefill.txt"),
+            f"prefill of {args.prompt_len} tokens (its first token included)", args.device,
         )  # fmt: skip
     results["decode"] = {}
     for batch in batches:
-        reqs = user_prompts(prompts, batch, args.shared_prompts)
+        reqs = user_prompts(config, args.prompt_len, batch, args.seed)
         results["decode"][batch], _ = decode_run(llm, reqs, args, profile=batch == args.profile_batch)
         if args.cuda_graphs:
             results["decode"][batch]["graph_stats"] = llm.engine.runner.graph_stats()
@@ -541,22 +441,21 @@ def _requested_batches(r: dict) -> list[int]:
     """The decode batches a run was asked for: recorded since 2026-12-02, else read from its command."""
     if "batches" in r:
         return r["batches"]
-    if "--peers_only" in r["command"]:
-        return []
     m = re.search(r"--batches[ =](\S+)", r["command"])
     return [int(b) for b in (m.group(1) if m else DEFAULT_BATCHES).split(",")]
 
 
 def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
     """results.md of one run (results.json's dict), or of make bench's merged parts: then `mtp`, the MTP
-    part's results, adds its decode rows, and the peers compare with `r`'s smallest batch."""
+    part's results, adds its decode rows."""
     b = r["bound"]
     lines = [
-        f"Command: `{r['command']}`; device {r['device']}; date {r['date']}; preset {r['preset']}; "
+        f"Command: `{r['command']}`; device {r['device']}; date {r['date']}; preset {r['preset']} "
+        f"({r.get('model', 'the earlier, invented model')}); "
         + (f"build in memory {r['build_s']:.1f} s; " if "build_s" in r else "")
         + f"CUDA graphs {'on' if r.get('cuda_graphs') else 'off'}; "
         f"torch.compile {'on' if r.get('compile') else 'off'}; MTP drafts per step {r.get('num_draft_tokens', 0)}; "
-        f"decode batches' prompts: {r.get('decode_prompts', 'three tier prompts repeated')}; "
+        f"decode batches' prompts: {r.get('decode_prompts', 'one a user')}; "
         f"{_sampling(r)}.",
     ]
     for name, part in r.get("parts", {}).items():
@@ -569,28 +468,14 @@ def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
                 f"; batches {', '.join(missing)} not measured (the run ended before them: see its log)"
             )
     lines += ["", "| measure | ours | bound | fraction of bound |", "|---|---|---|---|"]
-    for tier, s in r.get("ttft_s", {}).items():
+    for name, s in r.get("ttft_s", {}).items():
         lines.append(
-            f"| time to first token, {tier} prompt | {s:.3f} s | {b['prefill_s']:.3f} s | {b['prefill_s'] / s:.1%} |"
+            f"| time to first token, {name} | {s:.3f} s | {b['prefill_s']:.3f} s | {b['prefill_s'] / s:.1%} |"
         )
     lines += _decode_rows(r, "")
     if mtp:
         label = f"with {mtp['num_draft_tokens']} MTP drafts a step{' (every step)' if mtp.get('fixed_drafts') else ''}, "
         lines += _decode_rows(mtp, label)
-    decode = r.get("decode") or {}
-    ours = decode[min(decode, key=int)]["step_s_median"] if decode else None
-    for mode, peer in r["reference"].items():
-        what = f"reference model, {mode} (recomputes the sequence per token)"
-        if "s_per_token" in peer:
-            faster = f"ours at the smallest batch is {peer['s_per_token'] / ours:.0f}× faster" if ours else ""
-            lines.append(
-                f"| {what}: s per token (first token {peer['first_token_s']:.1f} s; "
-                f"{peer.get('tokens', '?')} tokens) | {peer['s_per_token']:.2f} | | {faster} |"
-            )
-        elif "timed_out_s" in peer:
-            lines.append(f"| {what} | did not finish in {peer['timed_out_s']:.0f} s | | |")
-        else:
-            lines.append(f"| {what} | failed (results.json has the error) | | |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 

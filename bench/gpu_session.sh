@@ -20,6 +20,9 @@
 #                                             #   architecture (train/published.py; carry [".whl"] as published)
 #     bash bench/gpu_session.sh tp            # 2 GPUs: the tensor-parallel tests (NCCL), then bench.tp tp 2
 #     bash bench/gpu_session.sh collectives   # 2 GPUs: Lamport reduce-scatter/all-gather against NCCL
+#     bash bench/gpu_session.sh real          # 1 GPU: the real Inkling's kernels' GPU tests, its CUDA engine
+#                                             #   (graphs) against transformers, a short inkling-bench e2e
+#                                             #   (carry [".whl"] as published)
 #     bash bench/gpu_session.sh published     # 1 GPU: the real Inkling's CUDA engine against transformers, the
 #                                             #   image processor against transformers' (torchvision is there),
 #                                             #   the towers eager vs graphed (bench.towers); needs .whl/ with
@@ -88,6 +91,17 @@ with_transformers() {  # the transformers wheel carried in .whl/ (the GPU host's
 }
 
 case "${1:-}" in
+real)
+    # The real Inkling on its Triton kernels: the kernels' GPU tests, the CUDA engine (graphs) against
+    # transformers, then a short e2e of inkling-bench (carry [".whl"] as published)
+    with_transformers
+    run kernels_real 200 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py tests/kernels/test_sigmoid_moe.py
+    run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run e2e 300 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 128 \
+        --batches "${REAL_BATCHES:-1,32}" --decode_budget_s 8 --temperature 1 --tune_max_tokens 64 \
+        --profile_batch 1 --out "$OUT/e2e"
+    pack real
+    ;;
 published)
     with_transformers
     run published_gpu 300 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py

@@ -101,7 +101,7 @@ def compile_attention(config: AttentionConfig, seq: int, kv: int | None = None):
         ints["num_tokens"] = 1
     return compile_sm90(
         kernels.sheared_bias_attention_kernel, {**POINTERS, "scratch_ptr": scratch},
-        ints, ("scale",), constexprs, config.num_warps, config.num_stages,
+        ints, ("scale", "log_floor", "log_alpha"), constexprs, config.num_warps, config.num_stages,
     )  # fmt: skip
 
 

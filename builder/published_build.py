@@ -8,14 +8,16 @@ hf_quant_config.json), and `cache_layout` gives each cache's KV heads (full and 
 BF16 and NVFP4 checkpoints both build (the published NVFP4 file keeps its first MoE layer in BF16, so an
 engine holds both kinds). The MTP depths a deployment drafts with (the first max_draft_len) are built, in
 BF16 even from an NVFP4 checkpoint as the file keeps them, with one head program per attention kind among
-them (`mtp_head_full`, `mtp_head_sliding`: the kinds' KV heads differ). What is not built yet, each with
-its issue: tensor parallelism, and Triton kernels for the real attention and MoE (their reference ops run;
-the sconv and KV-write kernels are shared with the earlier model).
+them (`mtp_head_full`, `mtp_head_sliding`: the kinds' KV heads differ). A CUDA engine runs the Triton
+kernels (the attention and MoE kernels of the earlier model, on the real model's bank and router), its MoE
+tiles tuned at build. Not built yet: tensor parallelism (its issue).
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterable
 
 import torch
 
@@ -54,15 +56,41 @@ def is_published_checkpoint(path: str | os.PathLike) -> bool:
 
 
 def resolve_impls(bc: BuildConfig) -> dict[str, str]:
-    """sconv and the KV write run the earlier model's kernels (Triton on a CUDA engine); the real attention
-    and MoE have reference ops only until the attention and MoE issues bring their kernels."""
+    """Each op's impl from the plugin config (Triton on a CUDA engine by default): the attention ops follow
+    `sheared_bias_attention`, the MoE `expert_sink_moe` (the kernels they share)."""
     resolved = bc.plugin_config.resolve(bc.device)
     return {
         "sconv": resolved["sconv"],
         "kv_cache_write": resolved["sheared_bias_attention"],
-        "bank_attention": "reference",
-        "sigmoid_sink_moe": "reference",
+        "bank_attention": resolved["sheared_bias_attention"],
+        "sigmoid_sink_moe": resolved["expert_sink_moe"],
     }
+
+
+def tune_moe(config: InklingConfig, bc: BuildConfig, weights: dict[str, torch.Tensor], log) -> dict | None:
+    """The MoE's tiles per token bucket, timed at build on the first NVFP4 MoE layer (the published file's
+    first MoE layer is BF16: those layers take the tensor-core GEMM whatever the table says)."""
+    from plugins.moe.launcher import sigmoid_sink_moe, tune
+
+    t = config.text
+    layers = [i for i in range(t.num_hidden_layers) if not t.is_dense(i)]
+    quantized = [i for i in layers if f"model.llm.layers.{i}.mlp.experts.w13_weight.scale" in weights]
+    if not quantized:
+        return None
+    p = f"model.llm.layers.{quantized[0]}.mlp"
+    e, sh = f"{p}.experts", f"{p}.shared_experts"
+    w = weights
+    tensors = (
+        w[f"{p}.gate.weight"], w[f"{p}.gate.bias"], w[f"{p}.gate.global_scale"], w[f"{e}.w13_weight"],
+        w[f"{e}.w13_weight.scale"], w[f"{e}.w13_weight.scale2"], w[f"{e}.w2_weight"], w[f"{e}.w2_weight.scale"],
+        w[f"{e}.w2_weight.scale2"], w[f"{sh}.shared_w13_weight"], w[f"{sh}.shared_w2_weight"],
+    )  # fmt: skip
+
+    def make_inputs(T: int) -> tuple:
+        x = torch.randn(T, t.hidden_size, device=tensors[0].device, dtype=getattr(torch, bc.dtype))
+        return (x, *tensors, t.route_scale, t.num_experts_per_tok)
+
+    return tune(make_inputs, max_tokens=bc.plugin_config.tune_max_tokens, log=log, op=sigmoid_sink_moe)
 
 
 def head_program_name(layer_type: str) -> str:
@@ -198,11 +226,9 @@ def export_towers(config, bc, weights, device, dtype) -> dict[str, torch.export.
 def build_published(
     source: str | os.PathLike, build_config: BuildConfig | None = None, echo: bool = True
 ) -> Engine:
+    """Build an engine from a published-layout checkpoint directory (BF16 or NVFP4)."""
     bc = build_config or BuildConfig()
     log = BuildLog(echo)
-    if bc.tp_size != 1:
-        raise BuildError(f"tensor parallelism (tp_size {bc.tp_size}) is not built for the real Inkling yet")
-    dtype, device = getattr(torch, bc.dtype), torch.device(bc.device)
     with log.phase("read"):
         from inkling.checkpoint import CheckpointError, load_generation_config
 
@@ -210,35 +236,57 @@ def build_published(
             reader = PublishedCheckpoint(source)
         except CheckpointError as e:
             raise BuildError(str(e)) from e
-        config = reader.config
         tok = os.path.join(os.fspath(source), "tokenizer.json")
         tokenizer_json = open(tok, encoding="utf-8").read() if os.path.exists(tok) else None
         gen = os.path.join(os.fspath(source), "generation_config.json")
         generation_config = load_generation_config(source) if os.path.exists(gen) else None
-        kind = "NVFP4" if config.is_quantized else "BF16"
-        log(
-            f"checkpoint {os.fspath(source)}: the real Inkling, {kind}, {config.text.num_hidden_layers} layers"
-        )
-        num_depths = 0 if reader.dropped_mtp else num_built_depths(config, bc)
-        if reader.dropped_mtp:
-            log("MTP depths: none in the checkpoint (config names them); the engine decodes without drafts")
-        elif config.mtp.num_layers:
-            log(f"MTP depths: {num_depths} of {config.mtp.num_layers} built (max_draft_len {bc.max_draft_len}), "
-                f"kinds {list(config.mtp.layer_types[:num_depths])}")  # fmt: skip
-    settings = PreprocessorSettings.from_pretrained(source)
+        kind = "NVFP4" if reader.config.is_quantized else "BF16"
+        log(f"checkpoint {os.fspath(source)}: the real Inkling, {kind}, "
+            f"{reader.config.text.num_hidden_layers} layers")  # fmt: skip
+    with reader:
+        return build_published_tensors(
+            reader.config, ((n, reader.get(n)) for n in reader.keys()), bc, log,
+            has_mtp=not reader.dropped_mtp, tokenizer_json=tokenizer_json, generation_config=generation_config,
+            settings=PreprocessorSettings.from_pretrained(source),
+        )  # fmt: skip
+
+
+def build_published_tensors(
+    config: InklingConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    bc: BuildConfig,
+    log: BuildLog,
+    has_mtp: bool = True,
+    tokenizer_json: str | None = None,
+    generation_config: dict | None = None,
+    settings: PreprocessorSettings | None = None,
+) -> Engine:
+    """Build from the checkpoint's (name, tensor) pairs in the published layout: a directory's, or tensors
+    synthesized in memory on the GPU (inkling.published.synth.iter_tensors; bench/e2e.py) for models larger
+    than the disk. has_mtp: the tensors hold the MTP depths the config names."""
+    if bc.tp_size != 1:
+        raise BuildError(f"tensor parallelism (tp_size {bc.tp_size}) is not built for the real Inkling yet")
+    dtype, device = getattr(torch, bc.dtype), torch.device(bc.device)
+    num_depths = num_built_depths(config, bc) if has_mtp else 0
+    if not has_mtp:
+        log("MTP depths: none in the checkpoint (config names them); the engine decodes without drafts")
+    elif config.mtp.num_layers:
+        log(f"MTP depths: {num_depths} of {config.mtp.num_layers} built (max_draft_len {bc.max_draft_len}), "
+            f"kinds {list(config.mtp.layer_types[:num_depths])}")  # fmt: skip
+    settings = settings or PreprocessorSettings()
     impls = resolve_impls(bc)
     for name, impl in impls.items():
         log(f"plugin {name}: {impl}, version {plugins.get(name).version}")
     with log.phase("weights"):
-        with reader:
-            weights = {
-                n: t.to(device)
-                for n, t in engine_tensors(
-                    config, ((n, reader.get(n)) for n in reader.keys()), dtype, num_depths
-                )
-            }
+        weights = {n: t.to(device) for n, t in engine_tensors(config, tensors, dtype, num_depths)}
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
         log(f"weights: {len(weights)} tensors, {nbytes / 1e9:.3f} GB")
+    tuning = {}
+    if impls["sigmoid_sink_moe"] == "triton" and bc.plugin_config.tune and bc.device == "cuda":
+        with log.phase("tune"):
+            table = tune_moe(config, bc, weights, log)
+            if table:
+                tuning["sigmoid_sink_moe"] = table
     with log.phase("export"):
         step_weights = {
             n: w for n, w in weights.items() if not n.startswith(("model.visual.", "model.audio.", "mtp."))
@@ -247,8 +295,9 @@ def build_published(
         args = [example[name] for name in STEP.names]
         dynamic = STEP.dynamic_shapes(export_dims(bc), example)
         with torch.no_grad():
+            moe_tiles = json.dumps(tuning["sigmoid_sink_moe"]) if "sigmoid_sink_moe" in tuning else ""
             step = torch.export.export(
-                PublishedStepProgram(config, impls), tuple(args), dynamic_shapes=dynamic
+                PublishedStepProgram(config, impls, moe_tiles), tuple(args), dynamic_shapes=dynamic
             )
         towers = {n: w for n, w in weights.items() if n.startswith(("model.visual.", "model.audio."))}
         weights = {n: w for n, w in weights.items() if n not in towers}
@@ -268,7 +317,7 @@ def build_published(
         "model_type": "inkling_mm_model",
         "pretrained_config": config.to_dict(),
         "build_config": bc.to_dict(),
-        "plugin_config": {"impls": impls, "ops": ops, "tuning": {}},
+        "plugin_config": {"impls": impls, "ops": ops, "tuning": tuning},
         "mapping": {"world_size": 1, "tp_size": 1, "ep_size": 1},
         "quantization": config.quant.to_dict("engine") if config.quant else None,
         "device": bc.device,

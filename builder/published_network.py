@@ -14,7 +14,7 @@ real model changes:
   state divided by the muP multiplier, the logits cut to the unpadded vocabulary.
 
 Weights are the engine's (`engine_tensors`): the checkpoint's names, with q/k/v/r fused into one
-projection, every w13 de-interleaved to [gate; up] and the sconv weights [C, K] in float32.
+projection, every w13 de-interleaved to [gate; up], the sconv weights [C, K] and the router in float32.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ def engine_tensors(
                 yield f"{prefix}.wqkvr.weight", fused.to(dtype)
         elif "sconv" in name:
             yield name, t.reshape(t.shape[0], -1).float()  # [C, 1, K] -> [C, K]
-        elif name.endswith(("mlp.gate.bias", "mlp.gate.global_scale")):
-            yield name, t.float()
+        elif name.endswith(("mlp.gate.weight", "mlp.gate.bias", "mlp.gate.global_scale")):
+            yield name, t.float()  # the router runs in float32 (INKLING_SPEC §3.6)
         elif name.endswith("mlp.w13_dn.weight"):
             yield name.replace("w13_dn", "gate_up"), deinterleave(t, 0).to(dtype)
         elif name.endswith(("experts.w13_weight", "shared_w13_weight", "experts.w13_weight.scale")):
@@ -124,9 +124,9 @@ class PublishedStepProgram(nn.Module):
     -> (logits float32 [N, num_real_tokens], hidden [T, H]): the STEP contract's arguments
     (builder/contracts.py); block_tables int32 [G, B, MB], slot_mappings int64 [G, T] per layer group."""
 
-    def __init__(self, config: InklingConfig, impls: dict[str, str]):
+    def __init__(self, config: InklingConfig, impls: dict[str, str], moe_tiles: str = ""):
         super().__init__()
-        self.c, self.impls = config, impls
+        self.c, self.impls, self.moe_tiles = config, impls, moe_tiles
         self.layout = PublishedCacheLayout.of(config)
 
     def sconv(self, x, weight, state, state_idx, cu):
@@ -187,7 +187,7 @@ class PublishedStepProgram(nn.Module):
             w[f"{e}.w13_weight"], w.get(f"{e}.w13_weight.scale", _EMPTY), w.get(f"{e}.w13_weight.scale2", _EMPTY),
             w[f"{e}.w2_weight"], w.get(f"{e}.w2_weight.scale", _EMPTY), w.get(f"{e}.w2_weight.scale2", _EMPTY),
             w[f"{sh}.shared_w13_weight"], w[f"{sh}.shared_w2_weight"], t.route_scale, t.num_experts_per_tok,
-            self.impls["sigmoid_sink_moe"],
+            self.moe_tiles, self.impls["sigmoid_sink_moe"],
         )  # fmt: skip
 
     @STEP.implements

@@ -59,7 +59,9 @@ def fed_tokens(seq: Sequence, drafts: list[int], start: int, n: int) -> list[int
     return seq.token_range(min(start, K), K) + drafts[max(0, start - K) : start + n - K]
 
 
-GRAPH_OPS = ("sheared_bias_attention", "sconv", "expert_sink_moe")  # the ops a graph may hold (no host sync)
+# The ops a graph may hold once they run their Triton kernels (no host sync): the earlier model's and the
+# real Inkling's (bank_attention, sigmoid_sink_moe)
+GRAPH_OPS = ("sheared_bias_attention", "bank_attention", "sconv", "expert_sink_moe", "sigmoid_sink_moe")
 
 
 def default_cuda_graphs(device: torch.device, impls: dict, tp_size: int) -> bool:
@@ -67,7 +69,8 @@ def default_cuda_graphs(device: torch.device, impls: dict, tp_size: int) -> bool
     CUDA engine with the Triton plugins (H200: 1.2 ms against 16 ms per step eager, tiny engine, batch 1;
     outputs equal to eager, tests/gpu/test_engine_gpu.py). Tensor-parallel ranks opt in (LLM(cuda_graphs=True))
     until that path has run on GPUs."""
-    return device.type == "cuda" and tp_size == 1 and all(impls.get(op) == "triton" for op in GRAPH_OPS)
+    ops = [op for op in GRAPH_OPS if op in impls]
+    return device.type == "cuda" and tp_size == 1 and bool(ops) and all(impls[op] == "triton" for op in ops)
 
 
 class ModelRunner:
@@ -194,7 +197,8 @@ class ModelRunner:
         if cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs needs a CUDA engine, this one runs on {self.device}")
-            if any(impls.get(op) != "triton" for op in GRAPH_OPS):  # the references sync (.tolist())
+            # the references sync (.tolist())
+            if any(impls[op] != "triton" for op in GRAPH_OPS if op in impls):
                 raise ValueError(f"cuda_graphs needs the Triton plugins, the engine has {impls}")
         bc = self.build
         q = 1 + (bc.max_draft_len if self.num_heads else 0)  # tokens a sequence feeds: 1 + its drafts

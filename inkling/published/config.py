@@ -624,14 +624,17 @@ def _write_json(path: str, data: Any) -> None:
         f.write("\n")
 
 
-def published_exclude_modules(c: InklingConfig) -> tuple[str, ...]:
+def published_exclude_modules(c: InklingConfig, bf16_first_moe: bool = True) -> tuple[str, ...]:
     """The modules an NVFP4 checkpoint keeps unquantized, as exclude_modules lists them: everything of the
     trunk and towers but the routed experts of MoE layers after the first (INKLING_SERVING §2.2). The
     published list's exact entries are not visible in any public source; its meaning is this. MTP is
-    BF16 but not listed, as in the published file."""
+    BF16 but not listed, as in the published file. bf16_first_moe=False: the first MoE layer quantized too
+    (inkling-bench, whose layers stand for the 1T's 60-65)."""
     t = c.text
     out = ["model.llm.embed", "model.llm.embed_norm"]
     first_moe = next((i for i in range(t.num_hidden_layers) if not t.is_dense(i)), None)
+    if not bf16_first_moe:
+        first_moe = None
     for i in range(t.num_hidden_layers):
         p = f"model.llm.layers.{i}."
         out += [p + m for m in ("attn_norm", "attn", "attn_sconv", "mlp_norm", "mlp_sconv")]
@@ -709,5 +712,7 @@ def preset(name: str, nvfp4: bool = False) -> InklingConfig:
         raise ConfigError(f"unknown preset {name!r}; expected one of {list(PRESETS)}")
     config = PRESETS[name]
     if nvfp4:
-        config = config.replace(quant=QuantConfig(exclude_modules=published_exclude_modules(config)))
+        # inkling-bench's layers stand for the 1T's layers 60-65, all of them NVFP4
+        exclude = published_exclude_modules(config, bf16_first_moe=name != "inkling-bench")
+        config = config.replace(quant=QuantConfig(exclude_modules=exclude))
     return config

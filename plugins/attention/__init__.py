@@ -122,10 +122,9 @@ def _(
 BANK_SPEC = register(
     PluginSpec(
         name="bank_attention",
-        version=1,
-        impls=("reference",),
+        version=2,  # 2: the Triton kernel (the sheared-bias kernel on the bank's table)
         doc="the real Inkling's paged GQA attention: q/k normed, 1/D, the layer's shared relative bank "
-        "(zero beyond its extent), log scaling; its Triton kernel comes with the attention issue",
+        "(zero beyond its extent), log scaling; prefill, verify, split-KV decode",
     )
 )
 
@@ -149,12 +148,15 @@ def bank_attention(
 ) -> torch.Tensor:
     """bank_attention(q [T, Hq, D], r [T, Hq, d_rel], bank [d_rel, X], key_cache, value_cache, block_table,
     cu_seqlens_q, seq_lens, max_seqlen_q, window (0: full), scale, log_floor (0: none), log_alpha, impl)."""
-    if impl == "triton":
-        raise NotImplementedError(
-            "inkling::bank_attention has no Triton kernel yet for the real model (the attention issue); "
-            "build with --impl bank_attention=reference"
-        )
     check_impl(BANK_SPEC.name, impl)
+    if impl == "triton":
+        _require_triton(BANK_SPEC.name, q)
+        from . import launcher
+
+        return launcher.bank_attention(
+            q, r, bank, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window,
+            scale, log_floor, log_alpha,
+        )  # fmt: skip
     return reference.bank_attention(
         q, r, bank, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window, scale,
         log_floor, log_alpha,

@@ -18,6 +18,11 @@ of CHUNK KV tiles at once (U_WIDTH > 0):
 U[a, u] = r_a . E[u_base + u] into a per-program table, two barriers per chunk, then the chunk's tiles
 read it sheared by plain loads. Their loop then has no barrier, so Triton software-pipelines its K/V loads,
 which it does not do for a loop with one (the per-tile scratch shear's two barriers; see bench/sm90.py).
+
+The real Inkling's bank (`inkling::bank_attention`) is the same term with one table for every head
+(stride_eh = 0): its [d_rel, X] bank transposed, with a zero row appended at distance X, so that R = X + 1
+and "clipped to R - 1" reads zero, as the real model's term is beyond its extent (ZERO_FAR then skips the
+chunks past it). Its log scaling (LOG_SCALE) scales q and r per query row.
 """
 
 import triton
@@ -542,6 +547,8 @@ def sheared_bias_attention_kernel(
     R,
     window,  # full attention: a window longer than any sequence
     scale,
+    log_floor,  # LOG_SCALE: the real Inkling's n_floor (float)
+    log_alpha,
     D: tl.constexpr,
     DR: tl.constexpr,
     DR_SLICE: tl.constexpr,  # the GEMV forms reduce r . E over DR_SLICE of DR's columns at a time
@@ -564,6 +571,8 @@ def sheared_bias_attention_kernel(
     CHUNK: tl.constexpr,
     UNMASKED_CHUNKS: tl.constexpr,  # U_WIDTH > 0: chunks wholly inside every query's allowed keys skip the mask
     INTERPRET: tl.constexpr,
+    LOG_SCALE: tl.constexpr = False,  # logits times tau(i) = 1 + log_alpha ln(max(1, (i + 1) / log_floor))
+    ZERO_FAR: tl.constexpr = False,  # the table's row R - 1 is zero: tiles past it carry no relative term
 ):
     M: tl.constexpr = HEADS * BLOCK_Q
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest (causal) tiles start first
@@ -610,6 +619,12 @@ def sheared_bias_attention_kernel(
         mask=row_ok[:, None],
         other=0.0,
     )
+    if LOG_SCALE:
+        # tau(i) scales q . k and the relative term alike: both are linear in q and r, so q and r rows are
+        # scaled once here, in float32 and rounded back as the reference scales q (INKLING_SPEC §3.4)
+        tau = 1.0 + log_alpha * tl.log(tl.maximum((pos + 1).to(tl.float32) / log_floor, 1.0))
+        q = (q.to(tl.float32) * tau[:, None]).to(q_ptr.dtype.element_ty)
+        r = (r.to(tl.float32) * tau[:, None]).to(r_ptr.dtype.element_ty)
     # r_i . E[R-1]: the whole relative term of tiles where every distance is clipped.
     e_last = tl.load(e_ptr + heads[:, None] * stride_eh + (R - 1) * stride_er + offs_dr[None, :])
     r_last = tl.sum(r.to(tl.float32) * e_last.to(tl.float32), axis=1)  # [M]
@@ -639,10 +654,6 @@ def sheared_bias_attention_kernel(
         c = my_lo
         while c < my_hi:
             u_base = first_pos - (c + CHUNK) * BLOCK_N + 1  # the chunk's smallest distance
-            _fill_relative_table(
-                r, e_ptr, stride_eh, stride_er, head0, u_base, R, scratch_ptr,
-                DR, BLOCK_Q, BLOCK_N, U_WIDTH, DOT_PRECISION,
-            )  # fmt: skip
             # A chunk whose every (real query, key) pair is allowed (its keys at or below the first query
             # and within every query's window) skips the mask: all but the chunks at the diagonal and at
             # a sliding window's lower edge.
@@ -653,7 +664,28 @@ def sheared_bias_attention_kernel(
                 )
             else:
                 interior = False  # every chunk masked: one copy of the tile loop
-            if interior:
+            # ZERO_FAR: an interior chunk whose every distance is past the table's last row has no relative
+            # term: no table fill, and a third copy of the tile loop without it (the real Inkling's full
+            # layers: all but the chunks within rel_extent of the diagonal)
+            if ZERO_FAR and UNMASKED_CHUNKS:
+                far = interior & (u_base >= R - 1)
+            else:
+                far = False
+            if not far:
+                _fill_relative_table(
+                    r, e_ptr, stride_eh, stride_er, head0, u_base, R, scratch_ptr,
+                    DR, BLOCK_Q, BLOCK_N, U_WIDTH, DOT_PRECISION,
+                )  # fmt: skip
+            if far:
+                m_i, l_i, acc = _attend_tiles(
+                    c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
+                    head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
+                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
+                    qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
+                    REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, False, FAR_TEST, u_base, U_WIDTH, False,
+                    INTERPRET,
+                )  # fmt: skip
+            elif interior:
                 m_i, l_i, acc = _attend_tiles(
                     c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
                     head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,

@@ -18,6 +18,7 @@ MIN_TILES_PER_SPLIT = 2
 LONG_SPLIT_TILES = 16  # KV tiles per split above which a decode with few programs splits further
 VERIFY_TILE_ROWS = 8  # query rows of a verify tile (GQA-packed: the tile is group * 8 rows)
 FULL_WINDOW = 1 << 30  # what the kernel gets as the window of a full-attention layer
+MIN_DR = 16  # the relative width the kernel's dots need at least (bank_attention pads a narrower one)
 
 
 @dataclass(frozen=True)
@@ -208,9 +209,11 @@ def _check(cond: bool, msg: str) -> None:
 
 
 def kernel_constexprs(
-    config: AttentionConfig, max_seqlen_q: int, group: int, D: int, Dr: int, page: int, dtype: torch.dtype
-) -> dict:
-    """The attention kernel's compile-time arguments for a launch (bench/sm90.py compiles the same)."""
+    config: AttentionConfig, max_seqlen_q: int, group: int, D: int, Dr: int, page: int, dtype: torch.dtype,
+    log_scale: bool = False, zero_far: bool = False,
+) -> dict:  # fmt: skip
+    """The attention kernel's compile-time arguments for a launch (bench/sm90.py compiles the same);
+    log_scale and zero_far: the real Inkling's log scaling and a table whose last row is zero."""
     one_head_tiles = config.heads == 1 and max_seqlen_q > 1
     rel_gemv = config.rel_gemv and config.heads > 1 and max_seqlen_q > 1
     u_width = 0
@@ -239,6 +242,8 @@ def kernel_constexprs(
         CHUNK=config.chunk_tiles,
         UNMASKED_CHUNKS=config.unmasked_chunks,
         INTERPRET=interpreting(),
+        LOG_SCALE=log_scale,
+        ZERO_FAR=zero_far,
     )
 
 
@@ -259,6 +264,29 @@ def scratch_slots(num_tokens: int, num_seqs: int, block_q: int) -> int:
     return num_tokens // block_q + num_seqs
 
 
+def _check_common(q, r, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens) -> None:
+    T, Hq, D = q.shape
+    Hkv, Dk = key_cache.shape[2:]
+    B = seq_lens.shape[0]
+    Dr = r.shape[-1]
+    _check(r.shape == (T, Hq, Dr), f"r {tuple(r.shape)} must be [T={T}, Hq={Hq}, Dr]")
+    _check(Dk == D and value_cache.shape == key_cache.shape, "key/value cache must be [NB, BS, Hkv, D]")
+    _check(Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}")
+    _check(D & (D - 1) == 0 and Dr & (Dr - 1) == 0 and Dr >= 16, "D and Dr must be powers of two, Dr >= 16")
+    _check(key_cache.shape[1] & (key_cache.shape[1] - 1) == 0, "block_size must be a power of two")
+    _check(q.dtype == r.dtype == key_cache.dtype == value_cache.dtype, "q, r and the caches share one dtype")
+    _check(q.dtype in (torch.bfloat16, torch.float16, torch.float32), f"unsupported dtype {q.dtype}")
+    _check(block_table.dtype == torch.int32 and block_table.dim() == 2, "block_table must be int32 [B, MB]")
+    _check(
+        cu_seqlens_q.dtype == torch.int32 and cu_seqlens_q.shape == (B + 1,),
+        "cu_seqlens_q must be int32 [B+1]",
+    )
+    _check(seq_lens.dtype == torch.int32 and block_table.shape[0] == B, "seq_lens must be int32 [B]")
+    for name, t in (("q", q), ("r", r), ("key_cache", key_cache), ("value_cache", value_cache)):
+        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim")
+    _check(block_table.stride(1) == 1, "block_table must be contiguous in its last dim")
+
+
 def sheared_bias_attention(
     q: torch.Tensor,  # [T, Hq, D]
     r: torch.Tensor,  # [T, Hq, Dr]
@@ -273,34 +301,81 @@ def sheared_bias_attention(
     scale: float,
     config: AttentionConfig | None = None,
 ) -> torch.Tensor:
-    T, Hq, D = q.shape
-    NB, BS, Hkv, Dk = key_cache.shape
-    B = seq_lens.shape[0]
-    Dr = r.shape[-1]
-    R = rel_embed.shape[1]
-    _check(r.shape == (T, Hq, Dr), f"r {tuple(r.shape)} must be [T={T}, Hq={Hq}, Dr]")
-    _check(rel_embed.shape == (Hq, R, Dr), f"rel_embed {tuple(rel_embed.shape)} must be [Hq, R, Dr={Dr}]")
-    _check(Dk == D and value_cache.shape == key_cache.shape, "key/value cache must be [NB, BS, Hkv, D]")
-    _check(Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}")
-    _check(D & (D - 1) == 0 and Dr & (Dr - 1) == 0 and Dr >= 16, "D and Dr must be powers of two, Dr >= 16")
-    _check(BS & (BS - 1) == 0, f"block_size {BS} must be a power of two")
-    _check(q.dtype == r.dtype == key_cache.dtype == value_cache.dtype, "q, r and the caches share one dtype")
-    _check(q.dtype in (torch.bfloat16, torch.float16, torch.float32), f"unsupported dtype {q.dtype}")
-    _check(block_table.dtype == torch.int32 and block_table.dim() == 2, "block_table must be int32 [B, MB]")
+    """The earlier model's per-head table E [Hq, R, Dr], its distances clipped at R - 1."""
+    _check_common(q, r, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens)
+    Hq, Dr = q.shape[1], r.shape[-1]
     _check(
-        cu_seqlens_q.dtype == torch.int32 and cu_seqlens_q.shape == (B + 1,),
-        "cu_seqlens_q must be int32 [B+1]",
+        rel_embed.dim() == 3 and rel_embed.shape[0] == Hq and rel_embed.shape[2] == Dr,
+        f"rel_embed {tuple(rel_embed.shape)} must be [Hq, R, Dr={Dr}]",
     )
-    _check(seq_lens.dtype == torch.int32 and block_table.shape[0] == B, "seq_lens must be int32 [B]")
-    for name, t in (
-        ("q", q),
-        ("r", r),
-        ("rel_embed", rel_embed),
-        ("key_cache", key_cache),
-        ("value_cache", value_cache),
-    ):
-        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim")
-    _check(block_table.stride(1) == 1, "block_table must be contiguous in its last dim")
+    _check(rel_embed.stride(-1) == 1, "rel_embed must be contiguous in its last dim")
+    table = _Table(rel_embed, rel_embed.stride(0), rel_embed.stride(1), rel_embed.shape[1], zero_far=False)
+    return _attention(
+        q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window, scale,
+        0.0, 0.0, config,
+    )  # fmt: skip
+
+
+def bank_table(bank: torch.Tensor) -> torch.Tensor:
+    """The kernel's relative table of a [d_rel, X] bank: [X + 1, d_rel], row x = P[:, x], row X zero (the
+    term beyond the extent, where the kernel clips distances)."""
+    d_rel, X = bank.shape
+    table = bank.new_zeros(X + 1, d_rel)
+    table[:X] = bank.t()
+    return table
+
+
+def bank_attention(
+    q: torch.Tensor,  # [T, Hq, D], after q_norm
+    r: torch.Tensor,  # [T, Hq, d_rel]
+    bank: torch.Tensor,  # [d_rel, X], shared by the heads
+    key_cache: torch.Tensor,  # [NB, BS, Hkv, D]
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,  # int32 [B, MB]
+    cu_seqlens_q: torch.Tensor,  # int32 [B + 1]
+    seq_lens: torch.Tensor,  # int32 [B]
+    max_seqlen_q: int,
+    window: int,  # 0: full attention
+    scale: float,
+    log_floor: int,  # 0: no log scaling
+    log_alpha: float,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:
+    """The real Inkling's attention (INKLING_SPEC §3.4) on the same kernel: one table for every head
+    (stride 0 between heads), zero from distance X on, the log scaling of full layers."""
+    _check(bank.dim() == 2 and bank.shape[0] == r.shape[-1], f"bank {tuple(bank.shape)} must be [d_rel, X]")
+    d_rel = r.shape[-1]
+    if d_rel < MIN_DR:  # the tensor cores' smallest reduction: zero columns add nothing (toy widths only)
+        r = torch.nn.functional.pad(r, (0, MIN_DR - d_rel))
+        bank = torch.nn.functional.pad(bank, (0, 0, 0, MIN_DR - d_rel))
+    _check_common(q, r, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens)
+    e = bank_table(bank.to(q.dtype))
+    table = _Table(e, 0, e.stride(0), e.shape[0], zero_far=True)
+    return _attention(
+        q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window, scale,
+        float(log_floor), log_alpha, config,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Table:
+    """The relative table the kernel reads: row (h, x) at h * stride_eh + x * stride_er, x clipped to R - 1;
+    zero_far: its row R - 1 is zero."""
+
+    e: torch.Tensor
+    stride_eh: int
+    stride_er: int
+    R: int
+    zero_far: bool
+
+
+def _attention(
+    q, r, table: _Table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window,
+    scale, log_floor: float, log_alpha: float, config: AttentionConfig | None,
+) -> torch.Tensor:  # fmt: skip
+    T, Hq, D = q.shape
+    BS, Hkv = key_cache.shape[1], key_cache.shape[2]
+    B = seq_lens.shape[0]
     cu_seqlens_q = cu_seqlens_q.contiguous()
     seq_lens = seq_lens.contiguous()
 
@@ -323,7 +398,9 @@ def sheared_bias_attention(
     else:
         o_part = lse_part = out  # unused
     grid = (triton.cdiv(max_seqlen_q, config.block_q), B * (Hq // config.heads), splits)
-    constexprs = kernel_constexprs(config, max_seqlen_q, group, D, Dr, BS, q.dtype)
+    constexprs = kernel_constexprs(
+        config, max_seqlen_q, group, D, r.shape[-1], BS, q.dtype, log_floor > 0, table.zero_far
+    )
     row = scratch_row(constexprs)
     if row:
         scratch = torch.empty(
@@ -334,56 +411,20 @@ def sheared_bias_attention(
     else:
         scratch = out  # unused
     kernels.sheared_bias_attention_kernel[grid](
-        q,
-        r,
-        rel_embed,
-        key_cache,
-        value_cache,
-        block_table,
-        cu_seqlens_q,
-        seq_lens,
-        out,
-        o_part,
-        lse_part,
-        scratch,
-        q.stride(0),
-        q.stride(1),
-        r.stride(0),
-        r.stride(1),
-        rel_embed.stride(0),
-        rel_embed.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
-        block_table.stride(0),
-        out.stride(0),
-        out.stride(1),
-        T,
-        Hq,
-        splits,
-        R,
-        window if window > 0 else FULL_WINDOW,
-        scale,
+        q, r, table.e, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, out, o_part, lse_part, scratch,
+        q.stride(0), q.stride(1), r.stride(0), r.stride(1), table.stride_eh, table.stride_er,
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_table.stride(0), out.stride(0), out.stride(1), T, Hq, splits, table.R,
+        window if window > 0 else FULL_WINDOW, scale, log_floor or 1.0, log_alpha,
         **constexprs,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
     if splits > 1:
         kernels.split_kv_reduce_kernel[(T, Hq)](
-            o_part,
-            lse_part,
-            out,
-            out.stride(0),
-            out.stride(1),
-            T,
-            Hq,
-            splits,
-            D=D,
-            SPLITS_P2=triton.next_power_of_2(splits),
-        )
+            o_part, lse_part, out, out.stride(0), out.stride(1), T, Hq, splits,
+            D=D, SPLITS_P2=triton.next_power_of_2(splits),
+        )  # fmt: skip
     return out
 
 

@@ -72,10 +72,9 @@ def _expert_sink_moe_fake(
 SIGMOID_SPEC = register(
     PluginSpec(
         name="sigmoid_sink_moe",
-        version=1,
-        impls=("reference",),
+        version=2,  # 2: the Triton kernels (the earlier op's grouped GEMMs behind the sigmoid router)
         doc="the real Inkling's MoE: sigmoid router with a selection bias, joint weights over the chosen and "
-        "shared experts, BF16 or NVFP4 routed stacks; its Triton kernels come with the MoE issue",
+        "shared experts, BF16 or NVFP4 routed stacks (the published layout, de-interleaved)",
     )
 )
 
@@ -96,16 +95,26 @@ def sigmoid_sink_moe(
     shared_w2: torch.Tensor,
     route_scale: float,
     top_k: int,
+    tile_configs: str,
     impl: str,
 ) -> torch.Tensor:
     """BF16 routed experts pass empty scale tensors; NVFP4 ones their E4M3 block scales and float32 [E]
-    global scales (plugins/moe/reference.py says every shape)."""
-    if impl == "triton":
-        raise NotImplementedError(
-            "inkling::sigmoid_sink_moe has no Triton kernel yet for the real model (the MoE issue); "
-            "build with --impl sigmoid_sink_moe=reference"
-        )
+    global scales (plugins/moe/reference.py says every shape). tile_configs as expert_sink_moe's."""
     check_impl(SIGMOID_SPEC.name, impl)
+    if impl == "triton":
+        if not can_run_triton(x):
+            raise RuntimeError(
+                "inkling::sigmoid_sink_moe impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1)"
+            )
+        from . import launcher
+
+        config = launcher.select_config(launcher.parse_table(tile_configs), x.shape[0])
+        if config.get("kernel") == "bd" and x.dtype == torch.float32:
+            config = {**config, "kernel": "gemv"}  # as expert_sink_moe: float32 keeps its precision
+        return launcher.sigmoid_sink_moe(
+            x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
+            shared_w2, route_scale, top_k, config=config,
+        )  # fmt: skip
     return reference.sigmoid_sink_moe(
         x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
         shared_w2, route_scale, top_k,
@@ -114,5 +123,5 @@ def sigmoid_sink_moe(
 
 @sigmoid_sink_moe.register_fake
 def _(x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
-      shared_w2, route_scale, top_k, impl):  # fmt: skip
+      shared_w2, route_scale, top_k, tile_configs, impl):  # fmt: skip
     return torch.empty_like(x)

@@ -45,27 +45,48 @@ def route_kernel(
     BLOCK_E: tl.constexpr,
     TOP_K_P2: tl.constexpr,  # next_power_of_2(TOP_K)
     DIRECT: tl.constexpr = False,  # 1-row blocks: entry t * TOP_K + j is block t * TOP_K + j, no align
+    SIGMOID: tl.constexpr = False,  # the real Inkling's router (below)
+    bias_ptr=None,  # SIGMOID: float32 [E], the selection bias
+    scale_ptr=None,  # SIGMOID: float32 [1], the learned global scale
+    route_scale=1.0,  # SIGMOID
 ):
+    """SIGMOID (INKLING_SPEC §3.6, logits in float32): the choice is top-k of sigmoid(z) + bias over the
+    routed E; a chosen expert's or shared expert's weight is its sigmoid over the sum of the k chosen and
+    the S shared sigmoids, times route_scale and the global scale. Otherwise the earlier model's softmax
+    over E + S, the routed weights the top-k probabilities themselves."""
     KS: tl.constexpr = TOP_K + NUM_SHARED
     t = tl.program_id(0)
     offs = tl.arange(0, BLOCK_E)
     valid = offs < E + NUM_SHARED
     z = tl.load(logits_ptr + t * stride_lt + offs, mask=valid, other=float("-inf")).to(tl.float32)
-    p = tl.exp(z - tl.max(z, axis=0))
-    p = tl.where(valid, p, 0.0)
-    p = p / tl.sum(p, axis=0)
-    for s in tl.static_range(NUM_SHARED):
-        tl.store(route_w_ptr + t * KS + TOP_K + s, tl.sum(tl.where(offs == E + s, p, 0.0), axis=0))
+    if SIGMOID:
+        p = tl.where(valid, 1.0 / (1.0 + tl.exp(-z)), 0.0)
+        bias = tl.load(bias_ptr + offs, mask=offs < E, other=0.0)
+        choice = p + bias
+    else:
+        p = tl.exp(z - tl.max(z, axis=0))
+        p = tl.where(valid, p, 0.0)
+        p = p / tl.sum(p, axis=0)
+        choice = p
     # NaN rows (a CUDA-graph bucket's padding rows may read garbage) still pick k distinct valid experts.
-    pr = tl.where(offs < E, tl.where(p == p, p, -0.5), -1.0)
+    pr = tl.where(offs < E, tl.where(choice == choice, choice, -1e30), -3e38)
     offs_k = tl.arange(0, TOP_K_P2)
     ids = tl.zeros([TOP_K_P2], dtype=tl.int32)
+    picked = tl.zeros([TOP_K_P2], dtype=tl.float32)  # p of each choice
     for j in tl.static_range(TOP_K):
         best = tl.max(pr, axis=0)
         idx = tl.min(tl.where(pr == best, offs, BLOCK_E), axis=0)  # ties: the lower index
-        tl.store(route_w_ptr + t * KS + j, best)
         ids = tl.where(offs_k == j, idx, ids)
-        pr = tl.where(offs == idx, -1.0, pr)
+        picked = tl.where(offs_k == j, tl.sum(tl.where(offs == idx, p, 0.0), axis=0), picked)
+        pr = tl.where(offs == idx, -3e38, pr)
+    shared = tl.where(offs >= E, p, 0.0)  # the shared experts' p, in their columns
+    if SIGMOID:
+        norm = route_scale * tl.load(scale_ptr) / (tl.sum(picked, axis=0) + tl.sum(shared, axis=0))
+        picked = picked * norm
+        shared = shared * norm
+    for s in tl.static_range(NUM_SHARED):
+        tl.store(route_w_ptr + t * KS + TOP_K + s, tl.sum(tl.where(offs == E + s, shared, 0.0), axis=0))
+    tl.store(route_w_ptr + t * KS + offs_k, picked, mask=offs_k < TOP_K)
     # The k experts are distinct: one vector of atomics takes their ranks (k serial atomics, each waiting
     # for its return, took most of this kernel's 6.5 us on the H200).
     k_mask = offs_k < TOP_K

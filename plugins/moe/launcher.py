@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -141,7 +142,7 @@ def _side_stream(device_index: int) -> torch.cuda.Stream:
     return torch.cuda.Stream(device=device_index)
 
 
-def expert_sink_moe(*args, config: dict | None = None) -> torch.Tensor:
+def expert_sink_moe(*args, config: dict | None = None, router: SigmoidRouter | None = None) -> torch.Tensor:
     """The op on the GPU (arguments as `launches`).
 
     With `"overlap": True` in the config (CUDA only), the shared experts run on a side stream while the
@@ -154,7 +155,7 @@ def expert_sink_moe(*args, config: dict | None = None) -> torch.Tensor:
     """
     x = args[0]
     cfg = config or select_config(None, x.shape[0])
-    y, parts = launches(*args, config=cfg)
+    y, parts = launches(*args, config=cfg, router=router)
     if not (cfg.get("overlap") and x.is_cuda and parts):
         for _, run in parts:
             run()
@@ -179,13 +180,52 @@ def expert_sink_moe(*args, config: dict | None = None) -> torch.Tensor:
     return y
 
 
+@dataclass(frozen=True)
+class SigmoidRouter:
+    """The real Inkling's router (INKLING_SPEC §3.6): float32 logits, the selection bias [E], the learned
+    global scale [1] (both float32 tensors, read on the device) and route_scale."""
+
+    bias: torch.Tensor
+    scale: torch.Tensor
+    route_scale: float
+
+
+def sigmoid_sink_moe(
+    x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
+    shared_w2, route_scale: float, top_k: int, config: dict | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """`inkling::sigmoid_sink_moe` on the GPU: the same launches as the earlier model's op with the sigmoid
+    router. NVFP4 routed experts (the published layout, one global scale per expert for gate and up) or
+    BF16 ones (empty scale tensors), which take the tensor-core GEMM at every size."""
+    E = gate_bias.shape[0]
+    nvfp4 = w13_scale.numel() > 0
+    if nvfp4:
+        w13_scale_2 = w13_scale_2.reshape(E, 1).expand(E, 2).contiguous()  # the kernels' (gate, up) pair
+    cfg = config or select_config(None, x.shape[0])
+    if not nvfp4 and (cfg.get("kernel", "mma") != "mma" or cfg["block_m"] < 16):
+        cfg = BF16_ROUTED
+    elif cfg.get("kernel") == "bd" and min(x.shape[1], shared_w2.shape[2]) < BD_MIN_K:
+        cfg = {**cfg, "kernel": "gemv"}  # toy widths
+    router = SigmoidRouter(gate_bias, gate_scale, route_scale)
+    return expert_sink_moe(
+        x, gate, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13, shared_w2, E, top_k,
+        config=cfg, router=router,
+    )  # fmt: skip
+
+
+BD_MIN_K = 128  # the "bd" kernel's smallest reduction: its dots take block_k / 8 >= 16 columns
+# BF16 routed experts below the tensor-core GEMM's smallest block (decode sizes): its 16-row tiles.
+BF16_ROUTED = {"block_m": 16, "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
+               "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}}  # fmt: skip
+
+
 def launches(
     x: torch.Tensor,  # [T, H]
     router_weight: torch.Tensor,  # [E+S, H]
-    w13: torch.Tensor,  # uint8 [E, 2I, H/2]
-    w13_scale: torch.Tensor,  # fp8 [E, 2I, H/16]
+    w13: torch.Tensor,  # uint8 [E, 2I, H/2], or bf16 [E, 2I, H] (a SigmoidRouter's BF16 experts)
+    w13_scale: torch.Tensor,  # fp8 [E, 2I, H/16] (empty for BF16 experts)
     w13_scale_2: torch.Tensor,  # f32 [E, 2]
-    w2: torch.Tensor,  # uint8 [E, H, I/2]
+    w2: torch.Tensor,  # uint8 [E, H, I/2], or bf16 [E, H, I]
     w2_scale: torch.Tensor,  # fp8 [E, H, I/16]
     w2_scale_2: torch.Tensor,  # f32 [E]
     shared_w13: torch.Tensor,  # [S, 2I, H]
@@ -193,19 +233,25 @@ def launches(
     num_routed: int,
     top_k: int,
     config: dict | None = None,
+    router: SigmoidRouter | None = None,
 ) -> tuple[torch.Tensor, list[tuple[str, Callable[[], None]]]]:
     """The op as its kernel launches, in order: (the output y, [(part name, launch)]). Running every
     launch fills y; bench/moe.py times them one by one (each reads only buffers the earlier ones wrote,
-    so a part can be replayed alone once all have run)."""
+    so a part can be replayed alone once all have run). router: the real Inkling's sigmoid router, else the
+    earlier model's softmax over E + S."""
     T, H = x.shape
     E = num_routed
     S = shared_w13.shape[0]
     I = shared_w13.shape[1] // 2
     KS = top_k + S
-    if w13.shape != (E, 2 * I, H // 2) or w2.shape != (E, H, I // 2):
+    nvfp4 = w13_scale.numel() > 0
+    pack = 2 if nvfp4 else 1  # weights per stored element
+    if w13.shape != (E, 2 * I, H // pack) or w2.shape != (E, H, I // pack):
         raise ValueError(
             f"expert_sink_moe: packed w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} do not match E={E}, H={H}, I={I}"
         )
+    if not nvfp4 and router is None:
+        raise ValueError("expert_sink_moe: the earlier model's routed experts are NVFP4 only")
     if router_weight.shape != (E + S, H) or shared_w2.shape != (S, H, I):
         raise ValueError("expert_sink_moe: router or shared weights do not match E, S, H, I")
     if x.stride(1) != 1 or not (
@@ -241,13 +287,20 @@ def launches(
     entry_programs = triton.cdiv(num_entries, chunk)
 
     def route():
-        logits = x @ router_weight.T.to(x.dtype)  # [T, E+S], as inkling.ops.route
+        if router is None:
+            logits = x @ router_weight.T.to(x.dtype)  # [T, E+S], as inkling.ops.route
+            sigmoid = {}
+        else:  # float32, as transformers computes the real router (the engine keeps its gate in float32)
+            logits = torch.nn.functional.linear(x.float(), router_weight.float())
+            sigmoid = dict(
+                SIGMOID=True, bias_ptr=router.bias, scale_ptr=router.scale, route_scale=router.route_scale
+            )
         if not direct:
             counts.zero_()
         kernels.route_kernel[(T,)](
             logits, logits.stride(0), topk_ids, rank, counts, route_w, sorted_rows, expert_ids, block_rows, E,
             TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), TOP_K_P2=triton.next_power_of_2(top_k),
-            DIRECT=direct, num_warps=1 if E + S <= 512 else 4,
+            DIRECT=direct, num_warps=1 if E + S <= 512 else 4, **sigmoid,
         )  # fmt: skip
         if direct:
             return
@@ -265,8 +318,12 @@ def launches(
     kernel = cfg.get("kernel", "mma")  # the routed GEMMs' kernel
     if kernel not in KERNELS:
         raise ValueError(f"expert_sink_moe: unknown kernel {kernel!r} in the tile config (have {KERNELS})")
+    if not nvfp4 and (kernel != "mma" or block_m < 16):
+        raise ValueError(
+            "expert_sink_moe: BF16 routed experts take the tensor-core GEMM, blocks of 16 rows or more"
+        )
     routed = dict(
-        route=buffers, routed=True, nvfp4=True, grid_m=num_blocks, block_m=block_m, kernel=kernel, **common
+        route=buffers, routed=True, nvfp4=nvfp4, grid_m=num_blocks, block_m=block_m, kernel=kernel, **common
     )
     # The bf16 shared experts always take the tensor-core kernel (it reaches ~80% of the bandwidth at
     # decode sizes), in blocks of at least 16 tokens (its dot's smallest side).
@@ -434,15 +491,18 @@ def tune(
     sample_tokens=(1, 8, 32, 64, 512, 4096),
     max_tokens: int = 1 << 30,
     log=print,
+    op=None,
 ) -> dict:
     """Time the candidate configs on the GPU and return a table for select_config (JSON-able).
 
-    make_inputs(T) -> the positional arguments of expert_sink_moe (without config) for T tokens.
+    make_inputs(T) -> the positional arguments of `op` (without config) for T tokens; op: expert_sink_moe
+    (the default) or sigmoid_sink_moe.
     Each bucket is tuned at its sample T; batch-1 decode has a bucket of its own, since at T = 8 another
     candidate may win, and so has T = 17-32 (batch 32 decode, batch 8 verifying 3 drafts), where the
     decode kernel beat the tensor-core tiles that win at T = 64. Candidates fix both GEMMs' tiles. A
     bucket sampled above `max_tokens` keeps the default tiles, untimed.
     """
+    op = op or expert_sink_moe
     table = {"version": 1, "buckets": []}
     for bucket_max, T in zip(token_buckets, sample_tokens):
         if T > max_tokens:
@@ -450,12 +510,12 @@ def tune(
             table["buckets"].append({**select_config(None, T), "max_tokens": bucket_max})
             continue
         args = make_inputs(T)
-        want = expert_sink_moe(*args, config=select_config(None, T)).float()
+        want = op(*args, config=select_config(None, T)).float()
         best, best_ms = None, float("inf")
         for cfg in _candidates(T):
             try:
-                got = expert_sink_moe(*args, config=cfg).float()
-                ms = _time(args, cfg)
+                got = op(*args, config=cfg).float()
+                ms = _time(op, args, cfg)
             except Exception as exc:  # a config that does not compile (shared memory) is skipped
                 log(f"tune T={T} {cfg}: failed ({type(exc).__name__})")
                 continue
@@ -470,11 +530,11 @@ def tune(
     return table
 
 
-def _time(args: tuple, cfg: dict) -> float:
+def _time(op, args: tuple, cfg: dict) -> float:
     """Median ms of CUDA-graph replays, as the engine runs the op: timed eagerly, a decode-sized call
     measures its ~20 launches' host cost (~0.8 ms at T = 1 on the H200 host, the same for every config)
     rather than the kernels."""
-    fn = lambda: expert_sink_moe(*args, config=cfg)  # noqa: E731
+    fn = lambda: op(*args, config=cfg)  # noqa: E731
     try:
         return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
     except RuntimeError:  # a stream that cannot capture: time it eagerly

@@ -39,9 +39,9 @@ class PagedRunner:
     share the caches' pool slots, so their blocks must differ; block 0 is the NaN poison block) and
     state slot = its index."""
 
-    def __init__(self, config, weights, max_seqs: int, max_len: int):
+    def __init__(self, config, weights, max_seqs: int, max_len: int, impls: dict[str, str] = IMPLS):
         self.c, self.w = config, weights
-        self.program = PublishedStepProgram(config, IMPLS)
+        self.program = PublishedStepProgram(config, impls)
         self.layout = PublishedCacheLayout.of(config)
         t = config.text
         self.blocks_per_seq, self.max_seqs = -(-max_len // BLOCK), max_seqs
@@ -203,24 +203,48 @@ def test_bf16_program_follows_transformers_in_bf16(tiny):
         hf.to(torch.float32)
 
 
-def test_nvfp4_program_equals_transformers_on_the_dequantized_experts(tiny, tmp_path):
-    """The converter's NVFP4 checkpoint (layer 2 BF16, layers 3.. NVFP4) through the program, float32,
-    equals transformers holding the same routed experts dequantized (inkling/published/reference.py)."""
+@pytest.fixture(scope="module")
+def tiny_fp4(tiny, tmp_path_factory):
+    """The converter's NVFP4 checkpoint of the same model (layer 2's experts BF16, layers 3.. NVFP4): its
+    config, engine weights, and transformers on the dequantized experts and on the BF16 source."""
     from convert.published import convert
     from inkling.published.reference import reference_model
 
     c, _, _ = tiny
-    src = tmp_path / "bf16"
-    write_checkpoint(src, c, seed=3)
-    out = convert(str(src), str(tmp_path / "fp4"), calibration_prompts_n=0)
+    tmp = tmp_path_factory.mktemp("fp4")
+    write_checkpoint(tmp / "bf16", c, seed=3)
+    out = convert(str(tmp / "bf16"), str(tmp / "fp4"), calibration_prompts_n=0)
     assert [i for i in range(c.text.num_hidden_layers) if out.experts_quantized(i)] == [3, 4, 5, 6, 7]
-    with PublishedCheckpoint(tmp_path / "fp4") as ckpt:
+    with PublishedCheckpoint(tmp / "fp4") as ckpt:
         weights = dict(engine_tensors(ckpt.config, ((n, ckpt.get(n)) for n in ckpt.keys()), torch.float32))
-    ref_model = reference_model(tmp_path / "fp4")
-    bf16_model = reference_model(src)
-    runner = PagedRunner(out, weights, max_seqs=len(PROMPTS), max_len=80)
+    return out, weights, reference_model(tmp / "fp4"), reference_model(tmp / "bf16")
+
+
+def test_nvfp4_program_equals_transformers_on_the_dequantized_experts(tiny_fp4):
+    """The NVFP4 checkpoint through the program, float32, equals transformers holding the same routed
+    experts dequantized (inkling/published/reference.py)."""
+    c, weights, ref_model, bf16_model = tiny_fp4
+    runner = PagedRunner(c, weights, max_seqs=len(PROMPTS), max_len=80)
     for p, ours in zip(PROMPTS, prefill_logits(runner, PROMPTS, 11)):
         want = reference_logits(ref_model, p)
         torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4)
         if len(p) > 1:  # the quantization itself changed the model: the dequantized reference is not BF16's
             assert not torch.allclose(want, reference_logits(bf16_model, p), atol=1e-3)
+
+
+def test_triton_kernels_equal_transformers(tiny_fp4):
+    """The CUDA engine's kernels (bank attention, the sigmoid MoE on BF16 and NVFP4 experts, sconv, the KV
+    write) in the Triton interpreter: a ragged chunked prefill past the window, the extent and the log floor,
+    then two greedy decode steps, equal to transformers (tests/gpu runs them compiled on the H200)."""
+    c, weights, ref_model, _ = tiny_fp4
+    runner = PagedRunner(c, weights, max_seqs=len(PROMPTS), max_len=80, impls={n: "triton" for n in IMPLS})
+    seqs = [list(p) for p in PROMPTS]
+    last = [logits[-1] for logits in prefill_logits(runner, PROMPTS, 27)]
+    for _ in range(2):
+        chunks = []
+        for b, seq in enumerate(seqs):
+            chunks.append((b, [int(last[b].argmax())], len(seq)))
+            seq.append(chunks[-1][1][0])
+        last = list(runner.step(chunks))
+    for seq, ours in zip(seqs, last):
+        torch.testing.assert_close(ours, reference_logits(ref_model, seq)[-1], rtol=1e-4, atol=1e-4)

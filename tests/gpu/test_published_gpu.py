@@ -1,9 +1,9 @@
 """The real Inkling's CUDA engine against transformers 5.23.0 on the GPU: `make GPU=1 test-gpu`.
 
-inkling-tiny in the published layout, built for CUDA (the Triton sconv and KV-write kernels; the real
-attention and MoE on their reference ops until their kernels come): float32 greedy tokens equal
-transformers' token for token, bf16 within the bf16 rule against transformers in bf16, and the NVFP4
-checkpoint equal to transformers on its dequantized experts. Each test prints its figures.
+inkling-tiny in the published layout, built for CUDA (every op on its Triton kernel: bank attention, the
+sigmoid MoE, sconv, the KV write) and served with CUDA graphs (the runtime's default there): float32 greedy
+tokens equal transformers' token for token, bf16 within the bf16 rule against transformers in bf16, and the
+NVFP4 checkpoint equal to transformers on its dequantized experts. Each test prints its figures.
 """
 
 from __future__ import annotations
@@ -49,7 +49,10 @@ def greedy(model, ids: list[int], n: int) -> list[int]:
 
 
 def test_float32_cuda_engine_equals_transformers(ckpt):
-    llm = LLM(build(ckpt, config("float32"), echo=False))
+    engine = build(ckpt, config("float32"), echo=False)
+    assert set(engine.config["plugin_config"]["impls"].values()) == {"triton"}
+    llm = LLM(engine)
+    assert llm.engine.runner.step_graphs is not None  # decode steps replay CUDA graphs
     ref = reference_model(ckpt).cuda()
     ps = prompts()
     got = [
@@ -98,8 +101,8 @@ def test_nvfp4_cuda_engine_equals_transformers_on_dequantized_experts(tmp_path):
 
 
 def test_mtp_on_cuda_equals_plain_decoding(ckpt):
-    """The real depths drafting on the GPU (eager: the real attention's reference op syncs, so no graphs
-    until its kernel comes): greedy tokens with 1, 4 and 8 drafts equal plain decoding."""
+    """The real depths drafting on the GPU, verify steps and depths from CUDA graphs: greedy tokens with 1, 4
+    and 8 drafts equal plain decoding."""
     llm = LLM(build(ckpt, config("float32"), echo=False))
     ps = prompts()
     plain = [

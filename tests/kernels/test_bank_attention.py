@@ -1,0 +1,228 @@
+"""The real Inkling's attention, `inkling::bank_attention`: Triton ⇄ the model's math (inkling.published.ops,
+itself checked against transformers in tests/unit/test_published.py).
+
+Shapes that hit the edges of INKLING_SPEC §3.4: full layers past the relative extent X (the term is zero
+there, not clipped) and past a small log-scaling floor, sliding layers past their window (= their extent),
+GQA groups of 8 (full) and 4 (sliding), ragged batches of prefill, chunked prefill, verify and decode rows,
+page boundaries, one-token prompts, freed blocks behind a window (NaN in every row nobody owns). On the
+CPU the kernel runs in the Triton interpreter in float32; bf16 and the H200's tiles are `gpu`-marked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import plugins  # noqa: F401  (registers the ops)
+from inkling.published.ops import bank_attention as bank_math
+from plugins.attention import launcher
+from plugins.attention.launcher import AttentionConfig
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+@dataclass
+class Layer:
+    hq: int
+    hkv: int
+    extent: int  # X: the bank's columns
+    window: int  # 0: full attention
+    log_floor: int  # 0: no log scaling
+
+
+FULL = Layer(hq=8, hkv=1, extent=24, window=0, log_floor=20)  # group 8; extent and floor passed below
+SLIDING = Layer(hq=8, hkv=2, extent=16, window=16, log_floor=0)  # group 4; window = extent, as published
+
+
+@dataclass
+class Batch:
+    args: tuple
+    truth: torch.Tensor  # the model's math per sequence on unpaged K/V, float32
+
+
+def make_batch(
+    seqs: list[tuple[int, int]],  # (seq_len, q_len) per sequence
+    layer: Layer,
+    d: int = 32,
+    d_rel: int = 16,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> Batch:
+    """A paged batch: shuffled block ids, NaN in every cache row no sequence owns, and on sliding layers the
+    blocks wholly behind every query's window freed (-1 in the table or a block of NaN)."""
+    g = torch.Generator().manual_seed(seed)
+    bank = torch.randn(d_rel, layer.extent, generator=g) * 0.5
+    blocks_per_seq = [math.ceil(n / block_size) for n, _ in seqs]
+    num_blocks = sum(blocks_per_seq) + 2
+    key_cache = torch.full((num_blocks, block_size, layer.hkv, d), float("nan"))
+    value_cache = torch.full_like(key_cache, float("nan"))
+    block_table = torch.full((len(seqs), max(blocks_per_seq) + 1), -1, dtype=torch.int32)
+    ids = torch.randperm(num_blocks - 1, generator=g).tolist()
+    qs, rs, truths = [], [], []
+    for b, (seq_len, q_len) in enumerate(seqs):
+        k, v = (torch.randn(seq_len, layer.hkv, d, generator=g) for _ in range(2))
+        q = torch.randn(q_len, layer.hq, d, generator=g) * 2.0
+        r = torch.randn(q_len, layer.hq, d_rel, generator=g)
+        q, k, v, r = (t.to(dtype).float() for t in (q, k, v, r))
+        positions = torch.arange(seq_len, device=DEVICE)
+        truths.append(
+            bank_math(
+                *(t.to(DEVICE) for t in (q, k, v, r, bank.to(dtype).float())),
+                positions[seq_len - q_len :],
+                positions,
+                layer.window or None,
+                1.0 / d,
+                layer.log_floor or None,
+                0.1,
+            )  # fmt: skip
+        )
+        qs.append(q)
+        rs.append(r)
+        lo = max(0, seq_len - q_len - layer.window + 1) if layer.window else 0
+        for n in range(blocks_per_seq[b]):
+            rows = slice(n * block_size, min((n + 1) * block_size, seq_len))
+            if (n + 1) * block_size <= lo:
+                block_table[b, n] = -1 if n % 2 else num_blocks - 1
+                continue
+            blk = ids.pop()
+            block_table[b, n] = blk
+            key_cache[blk, : rows.stop - rows.start] = k[rows]
+            value_cache[blk, : rows.stop - rows.start] = v[rows]
+    q_lens = [n for _, n in seqs]
+    cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+    args = (
+        torch.cat(qs).to(DEVICE, dtype),
+        torch.cat(rs).to(DEVICE, dtype),
+        bank.to(DEVICE, dtype),
+        key_cache.to(DEVICE, dtype),
+        value_cache.to(DEVICE, dtype),
+        block_table.to(DEVICE),
+        cu.to(DEVICE),
+        torch.tensor([n for n, _ in seqs], dtype=torch.int32, device=DEVICE),
+        max(q_lens),
+        layer.window,
+        1.0 / d,
+        layer.log_floor,
+        0.1,
+    )
+    return Batch(args, torch.cat(truths).to(DEVICE))
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    assert torch.isfinite(out).all(), "non-finite output"
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= tol, f"max abs error {err:.3g} > {tol}"
+
+
+# Every batch is ragged and crosses pages; lengths pass the extent (24 / 16), the window (16) and the floor
+# (20), and one-token prompts sit beside long ones.
+PREFILL = [(45, 45), (1, 1), (20, 20)]
+CHUNKED = [(70, 23), (40, 5), (33, 33), (17, 1)]
+VERIFY = [(60, 9), (26, 1), (47, 4), (9, 9)]
+DECODE = [(70, 1), (7, 1), (25, 1), (1, 1)]
+BATCHES = {"prefill": PREFILL, "chunked": CHUNKED, "verify": VERIFY, "decode": DECODE}
+
+
+@pytest.mark.parametrize("layer", [FULL, SLIDING], ids=["full", "sliding"])
+@pytest.mark.parametrize("name", BATCHES)
+def test_reference_op_matches_the_math(name, layer):
+    """The reference op over the paged caches (freed blocks and NaN rows never read) equals the math."""
+    batch = make_batch(BATCHES[name], layer)
+    out = torch.ops.inkling.bank_attention(*batch.args, "reference")
+    assert_close(out, batch.truth, 1e-5)
+
+
+@pytest.mark.parametrize("layer", [FULL, SLIDING], ids=["full", "sliding"])
+@pytest.mark.parametrize("name", BATCHES)
+def test_triton_matches_the_math(name, layer):
+    """The op's Triton impl with the tiles and splits the launcher chooses."""
+    batch = make_batch(BATCHES[name], layer)
+    out = torch.ops.inkling.bank_attention(*batch.args, "triton")
+    assert_close(out, batch.truth, 1e-4)
+
+
+def _cfg(**kw) -> AttentionConfig:
+    return AttentionConfig(**{"heads": 1, "block_q": 16, "block_n": 16, "num_splits": 1, **kw})
+
+
+# The kernel's forms, forced: the chunked table (with the far chunks it skips and the unmasked chunks),
+# the scratch shear, tl.gather, split-KV, the decode dot and GEMV, the verify GEMV.
+FORMS = [
+    ("chunk-far", FULL, CHUNKED + [(90, 16)], _cfg(shear="chunk", chunk_tiles=1)),
+    ("chunk-far-split", FULL, [(96, 30), (50, 3)], _cfg(shear="chunk", chunk_tiles=1, num_splits=3)),
+    ("chunk-2-sliding", SLIDING, CHUNKED, _cfg(shear="chunk", chunk_tiles=2, num_splits=2)),
+    ("chunk-masked", FULL, PREFILL, _cfg(shear="chunk", chunk_tiles=1, unmasked_chunks=False)),
+    ("scratch", FULL, CHUNKED, _cfg(shear="scratch", num_splits=2)),
+    ("gather-no-far-test", SLIDING, CHUNKED, _cfg(shear="gather", far_test=False)),
+    ("decode-dot", FULL, DECODE, _cfg(heads=8, block_q=2, rel_dot=True, num_splits=3)),
+    ("decode-gemv-sliding", SLIDING, DECODE, _cfg(heads=4, block_q=4, num_splits=2)),
+    ("verify-gemv", FULL, VERIFY, _cfg(heads=8, block_q=8, rel_gemv=True, num_splits=2)),
+    ("verify-band", SLIDING, VERIFY, _cfg(heads=4, block_q=16)),
+]
+
+
+@pytest.mark.parametrize("layer,seqs,config", [f[1:] for f in FORMS], ids=[f[0] for f in FORMS])
+def test_kernel_forms(layer, seqs, config):
+    batch = make_batch(seqs, layer)
+    out = launcher.bank_attention(*batch.args, config=config)
+    assert_close(out, batch.truth, 1e-4)
+
+
+def test_zero_beyond_the_extent_and_log_scaling_are_the_kernels_own():
+    """Mutations the test must see: the same batch with the distances clipped at the extent (the earlier
+    model's rule, a non-zero term far away) or without the log scaling differs from the kernel's output."""
+    batch = make_batch([(60, 60)], FULL)
+    out = launcher.bank_attention(*batch.args)
+    q, r, bank = batch.args[:3]
+    clipped = launcher.sheared_bias_attention(
+        q, r, bank.t().contiguous()[None].expand(q.shape[1], -1, -1).contiguous(), *batch.args[3:11]
+    )
+    no_log = launcher.bank_attention(*batch.args[:11], 0, 0.1)
+    assert_close(out, batch.truth, 1e-4)
+    assert (clipped - no_log).abs().max() > 1e-2
+    assert (no_log - out).abs().max() > 1e-2
+
+
+def test_bank_table_zero_row():
+    bank = torch.randn(16, 5)
+    table = launcher.bank_table(bank)
+    assert table.shape == (6, 16)
+    assert torch.equal(table[:5], bank.t()) and not table[5].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("layer", [FULL, SLIDING], ids=["full", "sliding"])
+@pytest.mark.parametrize("name", BATCHES)
+def test_gpu_bf16(name, layer):
+    """bf16 on the H200 with the launcher's own tiles, against the float32 math on the bf16-rounded inputs."""
+    batch = make_batch(BATCHES[name], layer, d=128, dtype=torch.bfloat16)
+    out = torch.ops.inkling.bank_attention(*batch.args, "triton")
+    assert_close(out, batch.truth, 3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("layer,seqs,config", [f[1:] for f in FORMS], ids=[f[0] for f in FORMS])
+def test_gpu_kernel_forms_float32(layer, seqs, config):
+    batch = make_batch(seqs, layer, d=64)
+    out = launcher.bank_attention(*batch.args, config=config)
+    assert_close(out, batch.truth, 2e-3)  # tf32 is not used in float32 (IEEE dots); sums differ in order
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_long_prefill_real_shapes():
+    """The real layers' shapes: 64 query heads, 8 or 16 KV heads, D 128, d_rel 16, X 1024 / 512, log floor
+    passed; a 3000-token prefill in bf16 with the launcher's chunked table (far chunks skipped)."""
+    full = Layer(hq=64, hkv=8, extent=1024, window=0, log_floor=1000)
+    sliding = Layer(hq=64, hkv=16, extent=512, window=512, log_floor=0)
+    for layer in (full, sliding):
+        batch = make_batch([(3000, 3000), (1500, 700)], layer, d=128, dtype=torch.bfloat16)
+        out = torch.ops.inkling.bank_attention(*batch.args, "triton")
+        assert_close(out, batch.truth, 3e-2)
