@@ -102,6 +102,26 @@ real)
         --profile_batch 1 --out "$OUT/e2e"
     pack real
     ;;
+real-kernels)
+    # The real Inkling's kernels: the MoE's and the engine's GPU tests, then the attention on the real shapes
+    # beside SDPA and FlexAttention (bench/bank_attention.py); carry [".whl"]
+    with_transformers
+    run moe_real 150 "${PYTEST[@]}" -m gpu tests/kernels/test_sigmoid_moe.py
+    run published_gpu 170 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run bank_attention 240 python3 -m bench.bank_attention --out "$OUT/attn"
+    pack real-kernels
+    ;;
+real-mtp)
+    # inkling-bench with 3 drafts every step on the real MTP depths (graphs), and decode batches to 64
+    with_transformers
+    run published_gpu 100 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py -k "nvfp4 or mtp"
+    run e2e_mtp 200 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 128 \
+        --batches 1,8 --decode_budget_s 8 --temperature 1 --tune_max_tokens 16 --num_draft_tokens 3 \
+        --fixed_drafts --out "$OUT/mtp"
+    run e2e_batches 270 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 128 \
+        --batches 8,64 --decode_budget_s 8 --temperature 1 --tune_max_tokens 64 --out "$OUT/decode"
+    pack real-mtp
+    ;;
 published)
     with_transformers
     run published_gpu 300 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
