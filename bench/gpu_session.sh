@@ -111,6 +111,14 @@ real-kernels)
     run bank_attention 240 python3 -m bench.bank_attention --out "$OUT/attn"
     pack real-kernels
     ;;
+real-check)
+    # The MoE's GPU tests (the bf16 gate's float32 sums among them) and the CUDA engine against transformers,
+    # MTP on graphs included; carry [".whl"]
+    with_transformers
+    run moe_real 100 "${PYTEST[@]}" -m gpu tests/kernels/test_sigmoid_moe.py
+    run published_gpu 240 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    pack real-check
+    ;;
 real-mtp)
     # inkling-bench with 3 drafts every step on the real MTP depths (graphs), and decode batches to 64
     with_transformers

@@ -4,7 +4,7 @@
     python -m bench.tp --preset inkling-bench --layers 2 ...   # a 22 GB engine: saved and loaded 3x sooner
     python -m bench.tp --preset inkling-tiny --device cpu --tp 2 --context 64 --tokens 4 --work DIR --out DIR
 
-One prompt (the mixed tier of bench/e2e.py) of `--context` tokens, greedy, batch 1:
+One prompt of `--context` random tokens, greedy, batch 1:
 - tp_size 1: the engine built in memory on the first GPU;
 - tp_size N: built in memory, saved to `--work` (a tensor-parallel engine runs from its directory: each
   rank loads its part), run by an LLM that starts its N-1 worker processes, one GPU per rank.
@@ -32,7 +32,7 @@ from inkling.tokenizer import build_tokenizer
 from runtime import LLM
 
 from .bound import decode_step_bytes
-from .e2e import decode_run, tier_prompts, timed
+from .e2e import decode_run, timed
 
 
 def build_engine(args: argparse.Namespace, config, tp_size: int):
@@ -117,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":  # a stall (a collective, a load) says where it is, once a minute
         faulthandler.dump_traceback_later(60, repeat=True)
     config, _ = synth_config(args.preset, layers=args.layers, mtp_heads=0, nvfp4=True)
-    prompt = tier_prompts(build_tokenizer(), config.token_id("bos"), args.context)["mixed"]
+    # random ordinary token ids after the earlier model's bos (its tokenizer's ids 0-10 are special)
+    g = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(11, config.vocab_size - 256, (args.context - 1,), generator=g)
+    prompt = torch.cat([torch.tensor([config.token_id("bos")]), ids])
     results: dict = {
         "command": " ".join(["python", "-m", "bench.tp", *(sys.argv[1:] if argv is None else argv)]),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

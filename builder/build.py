@@ -21,6 +21,7 @@ from inkling.config import InklingConfig
 from inkling.encoders import HMLP, Audio
 from inkling.tensors import PROJS, routed_expert_module
 
+from .compile import compile_into
 from .config import BuildConfig, BuildError
 from .contracts import HEAD, STEP
 from .engine import ENGINE_FORMAT_VERSION, Engine, RankShard
@@ -155,9 +156,7 @@ def build(
         other_ranks={rank: RankShard(shards[rank], rank_programs) for rank in range(1, tp.tp_size)},
     )  # fmt: skip
     if bc.compile:
-        with log.phase("compile"):
-            engine.compile_cache = compile_step(engine)
-            log(f"compiler cache artifacts: {len(engine.compile_cache or b'') / 1e6:.2f} MB")
+        compile_into(engine, lambda n, q: step_example(config, bc, device, dtype, num_seqs=n, q=q), log)
     return engine
 
 
@@ -177,30 +176,6 @@ def _draft_vocab(
         return check_draft_vocab(ids, size)
     except ValueError as e:
         raise BuildError(str(e)) from e
-
-
-def compile_step(engine: Engine) -> bytes | None:
-    """torch.compile the step program on example inputs of the shapes a runtime meets first (a prefill
-    of one and of two sequences, a decode step of one and of two; sizes 1 specialise the compiled code)
-    and return the compiler's cache artifacts, which the engine carries to every load."""
-    import io
-
-    bc, config = engine.build_config, engine.model_config
-    device, dtype = torch.device(bc.device), getattr(torch, bc.dtype)
-    # Compile the program as a load will see it (after save and load), so the cache keys match.
-    buf = io.BytesIO()
-    torch.export.save(engine.programs["step"], buf)
-    buf.seek(0)
-    step = torch.compile(torch.export.load(buf).module(), dynamic=True)
-    # Sorted: the runtime hands the compiled graph its weights sorted by name (runtime/model_runner.py).
-    weights = {k: engine.weights[k].to(device) for k in sorted(engine.weights) if not k.startswith("mtp.")}
-    prefill = max(2, min(19, bc.max_num_tokens // 2, bc.max_seq_len))
-    with torch.no_grad():
-        for num_seqs, q in ((2, prefill), (2, 1), (1, prefill), (1, 1)):
-            example = step_example(config, bc, device, dtype, num_seqs=num_seqs, q=q)
-            step(weights, *example.values())
-    artifacts = torch.compiler.save_cache_artifacts()
-    return None if artifacts is None else artifacts[0]
 
 
 def arrange_weights(

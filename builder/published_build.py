@@ -27,6 +27,7 @@ from inkling.published.config import InklingConfig
 from inkling.published.processing import PreprocessorSettings
 from inkling.published.towers import AudioEmbedding, EncoderProgram, VisionTower
 
+from .compile import compile_into
 from .config import BuildConfig, BuildError
 from .contracts import HEAD, STEP
 from .engine import ENGINE_FORMAT_VERSION, Engine
@@ -124,28 +125,36 @@ def cache_layout(config: InklingConfig, num_depths: int = 0) -> dict:
     }
 
 
-def step_example(config: InklingConfig, bc: BuildConfig, device, dtype) -> dict[str, object]:
+def step_example(
+    config: InklingConfig, bc: BuildConfig, device, dtype, num_seqs: int | None = None, q: int | None = None
+) -> dict[str, object]:
     """Example inputs for the export: 2 sequences of 3 and 2 new tokens with media rows (sizes > 1 so
-    nothing specialises), the last row of each wanted."""
+    nothing specialises), the last row of each wanted. With num_seqs and q: that many sequences of q new
+    tokens each and no media, as a runtime's prefill (q > 1) or decode step (q = 1) would be (the shapes
+    `--compile` warms the compiler on)."""
     lay = cache_layout(config)
     G, MB, bs = len(lay["group_windows"]), bc.max_blocks_per_seq, bc.tokens_per_block
     i32 = dict(dtype=torch.int32, device=device)
-    q_lens = [3, 2]
+    q_lens = [3, 2] if num_seqs is None else [q] * num_seqs
     B, T = len(q_lens), sum(q_lens)
+    per_seq = -(-max(q_lens) // bs)  # blocks each sequence needs in each group
     block_tables = torch.zeros(G, B, MB, **i32)
-    block_tables[:, 1, 0] = 1
-    slots = torch.tensor([0, 1, 2, bs, bs + 1], device=device)
-    cu = torch.tensor([0, 3, 5], **i32)
+    for b in range(B):
+        block_tables[:, b, :per_seq] = torch.arange(b * per_seq, (b + 1) * per_seq, **i32)
+    slots = torch.cat([b * per_seq * bs + torch.arange(n) for b, n in enumerate(q_lens)]).to(device)
+    cu = torch.tensor([0, *q_lens], **i32).cumsum(0, dtype=torch.int32)
     H = config.text.hidden_size
     S = config.text.conv_kernel_size - 1 + bc.max_draft_len
+    media = 3 if num_seqs is None else 1  # the splice's dummy row at T always; media rows for the export
+    num_blocks = max(8, B * per_seq)
 
     def kv(h, d):
-        return torch.zeros(8, bs, h, d, dtype=dtype, device=device)
+        return torch.zeros(num_blocks, bs, h, d, dtype=dtype, device=device)
 
     return dict(
         input_ids=torch.arange(1, T + 1, device=device),
-        mm_embeds=torch.zeros(3, H, dtype=dtype, device=device),
-        mm_positions=torch.tensor([1, 2, T], device=device),
+        mm_embeds=torch.zeros(media, H, dtype=dtype, device=device),
+        mm_positions=torch.tensor([1, 2, T][-media:], device=device),
         cu_seqlens_q=cu,
         seq_lens=torch.tensor(q_lens, **i32),
         block_tables=block_tables,
@@ -327,4 +336,7 @@ def build_published_tensors(
         "encoders": encoder_layout(config, bc),
         "preprocessor": settings.to_dict(),
     }
-    return Engine(engine_config, weights, programs, tokenizer_json, generation_config, log.lines)
+    engine = Engine(engine_config, weights, programs, tokenizer_json, generation_config, log.lines)
+    if bc.compile:
+        compile_into(engine, lambda n, q: step_example(config, bc, device, dtype, num_seqs=n, q=q), log)
+    return engine

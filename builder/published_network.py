@@ -14,7 +14,8 @@ real model changes:
   state divided by the muP multiplier, the logits cut to the unpadded vocabulary.
 
 Weights are the engine's (`engine_tensors`): the checkpoint's names, with q/k/v/r fused into one
-projection, every w13 de-interleaved to [gate; up], the sconv weights [C, K] and the router in float32.
+projection, every w13 de-interleaved to [gate; up], the sconv weights [C, K] and the router's bias and
+scale in float32.
 """
 
 from __future__ import annotations
@@ -101,8 +102,12 @@ def engine_tensors(
                 yield f"{prefix}.wqkvr.weight", fused.to(dtype)
         elif "sconv" in name:
             yield name, t.reshape(t.shape[0], -1).float()  # [C, 1, K] -> [C, K]
-        elif name.endswith(("mlp.gate.weight", "mlp.gate.bias", "mlp.gate.global_scale")):
+        elif name.endswith(("mlp.gate.bias", "mlp.gate.global_scale")):
             yield name, t.float()  # the router runs in float32 (INKLING_SPEC §3.6)
+        elif name.endswith("mlp.gate.weight"):
+            # Its logits are float32; a BF16 gate stays BF16 in a bf16 engine (its products are exact in
+            # float32: the GPU reads half the bytes), anything else becomes float32
+            yield name, t if t.dtype == dtype == torch.bfloat16 else t.float()
         elif name.endswith("mlp.w13_dn.weight"):
             yield name.replace("w13_dn", "gate_up"), deinterleave(t, 0).to(dtype)
         elif name.endswith(("experts.w13_weight", "shared_w13_weight", "experts.w13_weight.scale")):

@@ -193,12 +193,12 @@ class PipelineModel:
         ids, patches, levels, positions = (
             pre[k] for k in ("INPUT_IDS", "IMAGE_PATCHES", "AUDIO_LEVELS", "MM_POSITIONS")
         )
-        embeds = []
-        if patches.shape[0]:
+        embeds = []  # an encoder runs only for media it has: empty inputs have no elements in either layout
+        if patches.size:
             embeds.append(
                 _call("image_encoder", [tensor("IMAGE_PATCHES", patches, np.float32)], ["IMAGE_EMBEDS"])
             )
-        if levels.shape[1]:
+        if levels.size:
             embeds.append(
                 _call("audio_encoder", [tensor("AUDIO_LEVELS", levels, np.int64)], ["AUDIO_EMBEDS"])
             )

@@ -30,9 +30,17 @@ class EngineRunner:
     def weights(self) -> dict[str, torch.Tensor]:
         return self.runner.weights
 
-    def media_embeddings(self, prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor]:
-        """(embeddings [M, H], positions [M]) of the prompt's image and audio pad tokens."""
+    def media_embeddings(self, prompt) -> tuple[torch.Tensor, torch.Tensor]:
+        """(embeddings [M, H], positions [M]) of the prompt's image and audio pad tokens: a Prompt here (the
+        earlier model's raw media) or the real Inkling's processed one (inkling.published.processing)."""
         ids = prompt.input_ids
+        if hasattr(prompt, "pixel_values"):
+            c = self.config
+            rows = self.runner.encode_published(prompt.pixel_values, prompt.audio_levels)
+            positions = torch.cat(
+                [(ids == t).nonzero().flatten() for t in (c.image_token_id, c.audio_token_id)]
+            )
+            return rows, positions.to(self.device)
         img, aud = self.runner.encode_media(prompt.images, prompt.audios)
         rows, positions = [], []
         for kind, emb in (("image", img), ("audio", aud)):

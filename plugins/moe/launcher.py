@@ -290,8 +290,12 @@ def launches(
         if router is None:
             logits = x @ router_weight.T.to(x.dtype)  # [T, E+S], as inkling.ops.route
             sigmoid = {}
-        else:  # float32, as transformers computes the real router (the engine keeps its gate in float32)
+        elif router_weight.dtype == x.dtype == torch.bfloat16 and x.is_cuda:
+            # BF16 products summed in float32: transformers' float32 router, in cuBLAS's order of the sums
+            logits = torch.mm(x, router_weight.t(), out_dtype=torch.float32)
+        else:  # float32, as transformers computes the real router
             logits = torch.nn.functional.linear(x.float(), router_weight.float())
+        if router is not None:
             sigmoid = dict(
                 SIGMOID=True, bias_ptr=router.bias, scale_ptr=router.scale, route_scale=router.route_scale
             )

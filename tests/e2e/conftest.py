@@ -1,4 +1,7 @@
-"""Engines built once per session from the tiny NVFP4 checkpoint, the reference model, test prompts."""
+"""The real Inkling's tiny engines, built once per session from a synthetic NVFP4 inkling-tiny checkpoint in
+the published layout (its first MoE layer's experts BF16, the others NVFP4, 8 MTP depths), transformers as
+the reference (on the dequantized experts), and test prompts past the window (16), the relative extent (24)
+and the log-scaling floor (20), with images and audio."""
 
 from __future__ import annotations
 
@@ -6,49 +9,78 @@ import pytest
 import torch
 
 from builder import BuildConfig, build
-from inkling.demo import demo_png, demo_wav
-from inkling.model import InklingReference
-from inkling.processing import Processor
-from inkling.tokenizer import load_tokenizer
-
-from ..engine_runner import Prompt
+from inkling.published.config import preset
+from inkling.published.processing import Prompt
+from inkling.published.synth import write_checkpoint
 
 SMALL = dict(max_batch_size=4, max_seq_len=256, max_input_len=256, max_num_tokens=512)
+SEED = 0
 
 
 @pytest.fixture(scope="session")
-def engine_f32(tiny_nvfp4_ckpt_dir, tmp_path_factory):
-    engine = build(tiny_nvfp4_ckpt_dir, BuildConfig(dtype="float32", **SMALL), echo=False)
+def pub_ckpt_dir(tmp_path_factory) -> str:
+    """`python -m inkling.published.synth --preset inkling-tiny --nvfp4 --seed 0` (read-only)."""
+    return write_checkpoint(
+        tmp_path_factory.mktemp("ckpt") / "tiny-nvfp4", preset("inkling-tiny", nvfp4=True), SEED
+    )
+
+
+@pytest.fixture(scope="session")
+def engine_f32(pub_ckpt_dir, tmp_path_factory):
+    engine = build(pub_ckpt_dir, BuildConfig(dtype="float32", **SMALL), echo=False)
     path = tmp_path_factory.mktemp("engines") / "tiny-f32"
     engine.save(path)
     return engine, path
 
 
 @pytest.fixture(scope="session")
-def engine_bf16(tiny_nvfp4_ckpt_dir):
-    return build(tiny_nvfp4_ckpt_dir, BuildConfig(dtype="bfloat16", **SMALL), echo=False)
+def engine_bf16(pub_ckpt_dir):
+    return build(pub_ckpt_dir, BuildConfig(dtype="bfloat16", **SMALL), echo=False)
+
+
+class Reference:
+    """transformers' InklingForConditionalGeneration on the checkpoint (its NVFP4 experts dequantized):
+    greedy tokens of a processed prompt, media on the first step only."""
+
+    def __init__(self, path: str):
+        from inkling.published.reference import reference_model
+
+        self.model = reference_model(path)
+
+    def generate(self, prompt: Prompt, max_tokens: int) -> list[int]:
+        from runtime.demo import reference_greedy
+
+        return reference_greedy(self.model, prompt, max_tokens)
 
 
 @pytest.fixture(scope="session")
-def reference(tiny_nvfp4_ckpt_dir):
-    return InklingReference.from_pretrained(tiny_nvfp4_ckpt_dir, dtype=torch.float32, cache_dequantized=True)
+def reference(pub_ckpt_dir) -> Reference:
+    pytest.importorskip("transformers")
+    return Reference(pub_ckpt_dir)
 
 
 @pytest.fixture(scope="session")
-def prompts(tiny_nvfp4_ckpt_dir, reference):
-    """Text longer than the window (32) and R (64); a short one; image+audio; two images."""
-    proc = Processor(reference.config, load_tokenizer(tiny_nvfp4_ckpt_dir))
+def processor(engine_f32):
+    from runtime import LLM
+
+    return LLM(engine_f32[0]).processor
+
+
+@pytest.fixture(scope="session")
+def prompts(processor) -> list[Prompt]:
+    """Text past the window, the extent and the floor (90 tokens); a short one; image+audio; two images."""
+    from tests.unit.test_published_processing import png, wav
+
     g = torch.Generator().manual_seed(0)
-    long_text = torch.randint(11, 1000, (90,), generator=g)
     return [
-        Prompt(long_text),
-        Prompt(torch.randint(11, 1000, (3,), generator=g)),
-        _media(
-            proc("A picture <|image|> and a sound <|audio|>, described:", [demo_png(40, 24)], [demo_wav(0.5)])
+        Prompt(torch.randint(0, 960, (90,), generator=g)),
+        Prompt(torch.randint(0, 960, (3,), generator=g)),
+        processor(
+            "A picture <|content_image|><|unused_200054|> and a sound <|content_audio_input|><|unused_200053|>, "
+            "described:", [png(40, 24, seed=1)], [wav(0.5, 16000, 1, 2)],
         ),
-        _media(proc("<|image|> versus <|image|>", [demo_png(16, 16), demo_png(50, 33)])),
-    ]
-
-
-def _media(p):
-    return Prompt(p.input_ids, list(p.images), list(p.audios))
+        processor(
+            "<|content_image|><|unused_200054|> versus <|content_image|><|unused_200054|>",
+            [png(16, 16, seed=4), png(50, 33, seed=5)],
+        ),
+    ]  # fmt: skip

@@ -12,7 +12,6 @@ import signal
 import pytest
 import torch
 
-from inkling.processing import ProcessedPrompt
 from runtime import LLM, PromptInput, SamplingParams, StreamDelta
 from runtime.engine_process import EngineGone, EngineProcess
 
@@ -65,8 +64,8 @@ def test_deltas_equal_the_in_process_llm(process, llm, prompts):
 
 
 def _prompt_input(llm: LLM, p) -> PromptInput:
-    """A builder test Prompt (ids and raw media) as the stub gets it: ids and the pads' embeddings."""
-    return llm.embed_media(ProcessedPrompt(p.input_ids, list(p.images), list(p.audios)))
+    """A processed prompt as the stub gets it: ids and the placeholders' embeddings."""
+    return llm.embed_media(p)
 
 
 def test_abort_frees_the_requests_blocks(process):

@@ -35,6 +35,16 @@ def dims(value: onnx.ValueInfoProto) -> list:
 
 
 @pytest.fixture(scope="module")
+def engine_bf16(tiny_nvfp4_ckpt_dir):
+    """The earlier model's bf16 engine: the ONNX export is not written for the real Inkling's programs yet."""
+    from builder import BuildConfig, build
+
+    from .conftest import SMALL
+
+    return build(tiny_nvfp4_ckpt_dir, BuildConfig(dtype="bfloat16", **SMALL), echo=False)
+
+
+@pytest.fixture(scope="module")
 def fused_onnx(engine_bf16, tiny_nvfp4_ckpt_dir, tmp_path_factory):
     """Through the CLI (`build` patched to hand back the session's engine): PATH without a directory
     lands in the engine's output_dir."""

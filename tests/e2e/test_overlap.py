@@ -126,10 +126,10 @@ def test_overlapped_steps_have_the_same_layout_and_logits(engine_f32, prompts):
 
 
 @pytest.fixture(scope="module")
-def engine_no_drafts(tiny_nvfp4_ckpt_dir):
+def engine_no_drafts(pub_ckpt_dir):
     """max_draft_len 0: the sconv history holds K-1 rows only, so a block is a restore point only if
     registered when the caches hold exactly up to its end (counting the step in flight)."""
-    return build(tiny_nvfp4_ckpt_dir, BuildConfig(dtype="float32", max_draft_len=0, **SMALL), echo=False)
+    return build(pub_ckpt_dir, BuildConfig(dtype="float32", max_draft_len=0, **SMALL), echo=False)
 
 
 @pytest.mark.parametrize("which", ["max_draft_len 8", "max_draft_len 0"])

@@ -329,3 +329,47 @@ def test_sampling_with_mtp_keeps_the_distribution(engine, reference):
     assert 0.1 < eng.acceptance.acceptance_rate < 0.95
     chi2 = sum((counts.get(s, 0) - n * p) ** 2 / (n * p) for s, p in exact.items())
     assert chi2 < CHI2_7_P999, (chi2, counts, exact)
+
+
+def test_stop_token_inside_accepted_drafts(engine, plain):
+    """A stop token among accepted drafts ends the request there, as without drafts."""
+    requests, base, lens, _ = plain
+    rid, ids, _ = next(r for r in requests if r[2].num_draft_tokens == 8 and len(base[r[0]]) >= 6)
+    stop = base[rid][4]
+    params = SamplingParams(max_tokens=12, ignore_eos=True, num_draft_tokens=8, stop_token_ids=(stop,))
+    out, _ = run(
+        engine, [(rid, ids, params)], override=lambda r, t, d: (base[rid][len(t) - lens[rid] :] + d)[: len(d)]
+    )
+    assert out[rid] == base[rid][: base[rid].index(stop) + 1]
+
+
+def test_deferred_rollbacks_equal_immediate_ones(engine):
+    """A step's sconv rollbacks are deferred and applied together (ModelRunner.rollback(defer=True),
+    flush_rollbacks): the states equal those of the same rollbacks applied one by one, with two of the same
+    rows in one batch (the second must read the first's result), depths included, and any use of the states
+    (here a slot reset of another sequence) applies what is pending first."""
+    runner = LLMEngine(engine).runner
+    g = torch.Generator().manual_seed(0)
+    states = [*runner.conv_states, *(t for s in runner.head_conv_states for t in s)]
+    start = [torch.randn(t.shape, generator=g, dtype=t.dtype) for t in states]
+
+    def apply(defer: bool) -> list[torch.Tensor]:
+        for t, x in zip(states, start):
+            t.copy_(x)
+        runner.rollback(0, 2, defer=defer)
+        runner.rollback_heads(0, [1, 0, 2][: runner.num_heads], defer=defer)
+        runner.rollback(1, 1, defer=defer)
+        runner.rollback(0, 1, defer=defer)  # the same rows again
+        if defer:
+            assert runner._pending_keys  # not applied yet
+            runner.reset_slot(2)  # another slot's use of the states applies the pending rollbacks
+            assert not runner._pending_keys
+        else:
+            runner.reset_slot(2)
+        runner.flush_rollbacks()
+        return [t.clone() for t in states]
+
+    assert runner.num_heads >= 1
+    immediate, deferred = apply(False), apply(True)
+    assert all(torch.equal(a, b) for a, b in zip(immediate, deferred))
+    assert not all(torch.equal(a, x) for a, x in zip(immediate, start))

@@ -1,4 +1,4 @@
-"""The runtime over the float32 tiny engine, against the reference model token for token."""
+"""The runtime over the real Inkling's float32 tiny engine, against transformers token for token."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import random
 import pytest
 import torch
 
-from inkling.demo import demo_png
 from runtime import LLM, LLMEngine, PromptInput, SamplingParams
 
 from .conftest import SMALL
@@ -19,14 +18,11 @@ GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
 
 def prompt_input(llm: LLM, p) -> PromptInput:
-    from inkling.processing import ProcessedPrompt
-
-    return llm.embed_media(ProcessedPrompt(p.input_ids, list(p.images), list(p.audios)))
+    return llm.embed_media(p)
 
 
 def reference_greedy(reference, p, n: int) -> list[int]:
-    out = reference.generate(p.input_ids, n, images=p.images or None, audios=p.audios or None, stop_ids=[])
-    return out.tolist()
+    return reference.generate(p, n)
 
 
 @pytest.fixture
@@ -73,37 +69,25 @@ def test_prefix_cache_hit_reuses_blocks_and_keeps_outputs(llm, reference, prompt
     assert saved >= 64, f"the second prefill computed only {saved} fewer tokens"
 
 
-def test_different_images_behind_the_same_text_do_not_share(llm, reference, tiny_nvfp4_ckpt_dir):
-    from inkling.processing import Processor
-    from inkling.tokenizer import load_tokenizer
+def test_different_images_behind_the_same_text_do_not_share(llm, reference, processor):
+    from tests.unit.test_published_processing import png
 
-    proc = Processor(reference.config, load_tokenizer(tiny_nvfp4_ckpt_dir))
-    text = "<|image|> What is in this picture? Describe it at length, then stop."
-    a = proc(text, [demo_png(64, 64)])
-    b = proc(text, [bytes(_other_png())])
+    text = "<|content_image|><|unused_200054|> What is in this picture? Describe it at length, then stop."
+    a = processor(text, [png(64, 64, seed=7)])
+    b = processor(text, [png(64, 64, seed=8)])
     assert torch.equal(a.input_ids, b.input_ids)  # same tokens, different pixels
     out_a = llm.generate(llm.embed_media(a), GREEDY)[0].token_ids
     out_b = llm.generate(llm.embed_media(b), GREEDY)[0].token_ids
     assert llm.engine.blocks.stats["prefix_hits"] == 0
-    assert out_a == reference.generate(a.input_ids, 6, images=a.images, stop_ids=[]).tolist()
-    assert out_b == reference.generate(b.input_ids, 6, images=b.images, stop_ids=[]).tolist()
-
-
-def _other_png() -> bytes:
-    import io
-
-    from PIL import Image
-
-    img = Image.new("RGB", (64, 64), (200, 30, 90))
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
+    assert out_a == reference.generate(a, 6)
+    assert out_b == reference.generate(b, 6)
 
 
 def test_preemption_under_a_tiny_pool(engine_f32, reference, prompts):
-    """40 blocks hold both prompts but not both sequences grown by 40 tokens: the newer one is
-    preempted and recomputed, and both still equal the reference."""
-    llm = LLM(engine_f32[0], num_blocks=40)
+    """24 blocks hold both prompts but not both sequences grown by 40 tokens (the 130-token one needs 21 over
+    the full and sliding groups): the newer one is preempted and recomputed, and both still equal the
+    reference."""
+    llm = LLM(engine_f32[0], num_blocks=24)
     llm.engine.scheduler.chunk_size = 16
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     for i, p in enumerate(prompts[:2]):
@@ -214,7 +198,7 @@ def test_soak_random_requests_and_cancellations(llm):
     live: set[str] = set()
     n = 240
     for i in range(n):
-        ids = torch.tensor([rng.randrange(11, 1000) for _ in range(rng.randrange(1, 40))])
+        ids = torch.tensor([rng.randrange(0, 960) for _ in range(rng.randrange(1, 40))])
         params = SamplingParams(max_tokens=rng.randrange(1, 5), temperature=rng.choice([0.0, 0.8]), seed=i)
         eng.add_request(f"s{i}", PromptInput(ids), params)
         live.add(f"s{i}")

@@ -45,12 +45,16 @@ LIMITS = dict(
     max_text_bytes=4096, max_images=2, max_audios=2,
 )  # fmt: skip
 PNG, WAV = demo_png(40, 24), demo_wav(0.5)
+IMG, AUD = (
+    "<|content_image|><|unused_200054|>",
+    "<|content_audio_input|><|unused_200053|>",
+)  # the real placeholders
 PROMPTS = [
     {"text": "Hello there, how are you?"},
-    {"text": "A picture <|image|> described:", "images": [PNG]},
-    {"text": "A sound <|audio|> transcribed:", "audios": [WAV]},
+    {"text": f"A picture {IMG} described:", "images": [PNG]},
+    {"text": f"A sound {AUD} transcribed:", "audios": [WAV]},
     {
-        "text": "<|image|> and <|audio|> and <|image|>",
+        "text": f"{IMG} and {AUD} and {IMG}",
         "images": [demo_png(16, 16), demo_png(50, 33)],
         "audios": [WAV],
     },
@@ -394,7 +398,7 @@ def raw_input(name: str, array: np.ndarray, dtype: str):
     return x
 
 
-def text_in(value: bytes = b"Hi <|image|>", shape=(1,)):
+def text_in(value: bytes = f"Hi {IMG}".encode(), shape=(1,)):
     return raw_input(
         "text_input", np.array([value] * int(np.prod(shape)), dtype=np.object_).reshape(shape), "BYTES"
     )
@@ -424,7 +428,7 @@ BAD = {
     ),
     "undecodable audio": (
         [
-            text_in(b"Hi <|audio|>"),
+            text_in(f"Hi {AUD}".encode()),
             raw_input("audio_data_input", np.array([b"RIFF\0\0\0\0junk"], dtype=np.object_), "BYTES"),
         ],
         "WAV",
@@ -444,14 +448,14 @@ BAD = {
     ),
     "too many images": (
         [
-            text_in(b"<|image|> <|image|> <|image|>"),
+            text_in(f"{IMG} {IMG} {IMG}".encode()),
             raw_input("image_data_input", np.array([PNG] * 3, dtype=np.object_), "BYTES"),
         ],
         "3 images, over the limit of 2 per request",
     ),
     "too many audios": (
         [
-            text_in(b"<|audio|> <|audio|> <|audio|>"),
+            text_in(f"{AUD} {AUD} {AUD}".encode()),
             raw_input("audio_data_input", np.array([WAV] * 3, dtype=np.object_), "BYTES"),
         ],
         "3 audios, over the limit of 2 per request",
@@ -466,19 +470,22 @@ BAD = {
     ),
     "audio over the byte limit": (
         [
-            text_in(b"Hi <|audio|>"),
+            text_in(f"Hi {AUD}".encode()),
             raw_input("audio_data_input", np.array([wav(13.0)], dtype=np.object_), "BYTES"),
         ],
         "over the limit of 400000",
     ),
     "audio over the duration limit": (
         [
-            text_in(b"Hi <|audio|>"),
+            text_in(f"Hi {AUD}".encode()),
             raw_input("audio_data_input", np.array([wav(9.0, 8000)], dtype=np.object_), "BYTES"),
         ],
         "more than the limit of 8.0 s",
     ),
-    "placeholder without image": ([text_in()], "1 <|image|> placeholder(s) but 0 image(s)"),
+    "placeholder without image": (
+        [text_in()],
+        "the prompt has 1 image placeholders (<|unused_200054|>) for 0 images",
+    ),
     "max_tokens beyond the engine": (
         [text_in(b"Hi"), raw_input("max_tokens", np.array([100_000], dtype=np.int32), "INT32")],
         "max_seq_len",
@@ -510,12 +517,12 @@ def test_server_keeps_serving_after_bad_requests(server):
 BAD_STREAMS = {  # a prompt and max_tokens, and the error's words (the engine's, then preprocessing's)
     "max_tokens beyond the engine": ({"text": "Hi"}, 100_000, "max_seq_len"),
     "undecodable image": (
-        {"text": "Hi <|image|>", "images": [b"\x89PNG not really"]},
+        {"text": f"Hi {IMG}", "images": [b"\x89PNG not really"]},
         4,
         "cannot decode image",
     ),
-    "too many images": ({"text": "<|image|>" * 3, "images": [PNG] * 3}, 4, "3 images, over the limit of 2"),
-    "audio over the duration limit": ({"text": "<|audio|>", "audios": [wav(9.0, 8000)]}, 4, "limit of 8.0 s"),
+    "too many images": ({"text": IMG * 3, "images": [PNG] * 3}, 4, "3 images, over the limit of 2"),
+    "audio over the duration limit": ({"text": AUD, "audios": [wav(9.0, 8000)]}, 4, "limit of 8.0 s"),
 }
 
 

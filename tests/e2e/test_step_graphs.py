@@ -334,13 +334,13 @@ def test_attention_tiles_follow_the_longest_sequence_not_the_batch(engine_f32, p
     from plugins.attention import reference
     from runtime import LLM
 
-    seen, original = [], reference.sheared_bias_attention
+    seen, original = [], reference.bank_attention
 
     def recording(q, *args):
         seen.append((q.shape[0], args[7]))  # (T, max_seqlen_q)
         return original(q, *args)
 
-    monkeypatch.setattr(reference, "sheared_bias_attention", recording)
+    monkeypatch.setattr(reference, "bank_attention", recording)
     llm = LLM(engine_f32[0])
     plain = SamplingParams(max_tokens=4, ignore_eos=True)
     llm.generate([prompt_input(llm, p) for p in prompts[:3]], plain)

@@ -181,3 +181,19 @@ def test_gpu_real_shapes_bf16(T, nvfp4):
     got = torch.ops.inkling.sigmoid_sink_moe(*args, "", "triton")
     want = torch.ops.inkling.sigmoid_sink_moe(*args, "", "reference")
     assert_close(got, want, 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_bf16_gate_equals_its_float32_copy():
+    """A bf16 engine keeps a BF16 gate and sums its products in float32 (torch.mm with out_dtype): the same
+    function as the float32 router on the same values (the sums in another order)."""
+    shape = dict(H=6144, I=3072, E=256, S=2, top_k=6)
+    layer = make_layer(**shape, dtype=torch.bfloat16)
+    layer[0] = layer[0].bfloat16()
+    x = torch.randn(8, shape["H"], device=DEVICE, dtype=torch.bfloat16)  # few tokens: a near tie is unlikely
+    bf16_gate = torch.ops.inkling.sigmoid_sink_moe(*moe_args(x, layer, 6, 8.0), "", "triton")
+    f32 = list(layer)
+    f32[0] = layer[0].float()
+    f32_gate = torch.ops.inkling.sigmoid_sink_moe(*moe_args(x, f32, 6, 8.0), "", "triton")
+    assert_close(bf16_gate, f32_gate, 1e-2)
