@@ -76,10 +76,11 @@ HOST ?= 127.0.0.1
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_PORT ?= 8080
 SERVE_ARGS ?=
 # Triton on ENGINE= (build it with `make engine`); SERVE_ARGS= e.g. --instances preprocessing=2 --num-blocks N
 serve: $(STAMP)
-	$(PY) -m model_repo.serve --engine $(ENGINE) --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
+	$(PY) -m model_repo.serve --engine $(ENGINE) --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) $(SERVE_ARGS)
 
 # The end-to-end workload (8K in / 1K out) on inkling-bench (the real Inkling's six NVFP4 MoE layers at full
 # width), synthesized and built in GPU memory: `make GPU=1 bench` on the GPU host; BENCH_ARGS= to change
@@ -99,8 +100,15 @@ bench-mtp: $(STAMP)
 	$(PY) -m bench.e2e $(BENCH_ARGS) --num_draft_tokens 3 --fixed_drafts \
 		--tune_max_tokens 256 --decode_budget_s 30 --temperature 1 --out $(BENCH_DIR)/mtp
 
-bench-serving: $(STAMP)
-	$(PY) -m bench.serving --engine $(ENGINE)
+# AIPerf (NVIDIA's load generator) lives in a venv of its own: it brings 1.2 GB of dependencies the
+# project does not need.
+AIPERF_VENV ?= build/aiperf-venv
+$(AIPERF_VENV)/bin/aiperf:
+	python3 -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install -q aiperf==0.13.0
+
+bench-serving: $(STAMP) $(AIPERF_VENV)/bin/aiperf
+	$(PY) -m bench.serving --engine $(ENGINE) --aiperf $(AIPERF_VENV)/bin/aiperf
 
 # The small trained Inkling (data/inkling-small): `make GPU=1 train` on the GPU host retrains it into
 # build/inkling-small (the committed run: 1765 steps, 354 s on one H200); TRAIN_ARGS= to change it.

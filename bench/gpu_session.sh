@@ -11,8 +11,8 @@
 #     bash bench/gpu_session.sh moe           # 1 GPU: the MoE decode kernels' GPU tests, each tune() candidate
 #                                             #   timed at T = 1 and 8, then e2e batches 1 and 8
 #     bash bench/gpu_session.sh mtp           # 1 GPU: bench.mtp, the MTP step's components with CUDA graphs
-#     bash bench/gpu_session.sh serving       # 1 GPU: Triton (engine process, engine thread) against in-process
-#                                             #   on the tiny engine; needs .carry/ (bash bench/make_carry.sh on
+#     bash bench/gpu_session.sh serving       # 1 GPU: Triton and the OpenAI API against in-process on the real
+#                                             #   Inkling's tiny engine; needs .carry/ (bash bench/make_carry.sh on
 #                                             #   the CPU, then the call's carry [".carry"])
 #     bash bench/gpu_session.sh load          # 1 GPU: engine load times in fresh processes (bench.load)
 #     bash bench/gpu_session.sh train         # 1 GPU: retrain data/inkling-small (make train)
@@ -71,18 +71,28 @@ tp_tests_then_bench() {  # tp_tests_then_bench TESTS_LIMIT BENCH_LIMIT: the tp 2
         --collectives triton --work /tmp/tp --out "$OUT/tp" "${overlap[@]}"
 }
 
-serving_bench() {  # serving_bench LIMIT [builder flags...]: bench.serving on a tiny CUDA engine, Triton vs in-process
-    # (SERVING_ARGS: bench.serving's --requests and --engine-modes, in place of the default below)
+published_tiny_engine() {  # published_tiny_engine DIR [builder flags...]: the real Inkling's tiny NVFP4 checkpoint, built for CUDA
+    local dir=$1
+    shift
+    [ -d /tmp/ck-pub ] || python3 -m inkling.published.synth --preset inkling-tiny --nvfp4 --out /tmp/ck-pub >/dev/null
+    python3 -m builder --checkpoint_dir /tmp/ck-pub --output_dir "$dir" --device cuda --dtype bfloat16 \
+        --force "$@" >"$OUT/build_$(basename "$dir").log" 2>&1
+}
+
+serving_bench() {  # serving_bench LIMIT [builder flags...]: bench.serving on the real Inkling's tiny CUDA engine:
+    # in-process against Triton and against the OpenAI API (SERVING_ARGS: bench.serving's --requests and
+    # --engine-modes, in place of the default below)
     local limit=$1
     shift
-    # tritonserver and the stubs' wheels from .carry/ (bench/make_carry.sh: pytriton's server, NumPy 1 for the stubs, tritonclient)
+    # tritonserver and the stubs' wheels from .carry/ (bench/make_carry.sh: pytriton's server, NumPy 1 for the
+    # stubs, tritonclient; the OpenAI front's packages and the openai client in .carry/front)
     mkdir -p /tmp/site && tar xJf .carry/pytriton.tar.xz -C /tmp/site &&
         python3 -m pip install -q --no-deps --no-index --target /tmp/site .carry/tritonclient-*.whl \
-            .carry/python_rapidjson-*.whl >"$OUT/site.log" 2>&1
-    tiny_engine /tmp/engine-cuda "$@"
+            .carry/python_rapidjson-*.whl .carry/front/*.whl >"$OUT/site.log" 2>&1
+    published_tiny_engine /tmp/engine-cuda "$@"
     PYTHONPATH=/tmp/site:$PWD PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.carry run serving "$limit" python3 -m bench.serving \
         --engine /tmp/engine-cuda --max-tokens 512 --threads 4 --out "$OUT/serving.md" \
-        --server-log "$OUT/tritonserver.log" ${SERVING_ARGS:---requests 1 8 16 32 --engine-modes process thread}
+        --server-log "$OUT/tritonserver.log" ${SERVING_ARGS:---requests 1 8 32 --engine-modes process}
 }
 
 with_transformers() {  # the transformers wheel carried in .whl/ (the GPU host's own is older), on PYTHONPATH
@@ -177,7 +187,7 @@ mtp)
     run mtp 420 python3 -m bench.mtp --device cuda --cuda_graphs --out "$OUT/mtp"
     ;;
 serving)
-    serving_bench 330 --tune false  # Triton vs in-process on an untuned tiny engine (about five minutes)
+    serving_bench 480 --tune false  # Triton and the OpenAI API vs in-process on an untuned tiny engine
     ;;
 load)
     tiny_engine /tmp/engine-compiled --compile

@@ -7,7 +7,11 @@ early counts the tokens it made). In-process: `LLM.generate` on all prompts at o
 transport). Triton: all prompts at once as concurrent streams on one gRPC connection to `ensemble`
 (preprocessing -> inkling, streamed deltas), and the same as unary HTTP calls to `ensemble_unary`
 from as many threads; tokens/s counts completion tokens over the wall time of the whole burst, and
-time to first token is measured on the streams. A figure, not a test: it never fails on speed.
+time to first token is measured on the streams; and, where the OpenAI front's packages are installed,
+the same burst as streamed completions through the OpenAI-compatible API (model_repo/openai_front.py)
+with the official `openai` client. With `--aiperf BIN`, AIPerf then loads the OpenAI API at each
+`--requests` concurrency (`make bench-serving` installs it in a venv of its own). A figure, not a test:
+it never fails on speed.
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ import argparse
 import contextlib
 import datetime
 import functools
+import importlib.util
+import json
 import os
 import platform
 import queue
 import statistics
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -29,8 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from model_repo.serve import ServeConfig, TritonServer, free_port
+from model_repo.serve import OpenAIServer, ServeConfig, TritonServer, free_port
 from runtime import LLM, SamplingParams
+
+MODEL = "inkling"
+has_openai = all(importlib.util.find_spec(m) for m in ("openai", "fastapi", "uvicorn"))
 
 
 def prompts(n: int) -> list[str]:
@@ -44,7 +54,8 @@ def in_process(llm: LLM, texts: list[str], max_tokens: int) -> dict:
     wall = time.perf_counter() - t0
     tokens = sum(o.completion_tokens for o in outs)
     after = {k: float(getattr(llm.engine.stats, k)) for k in ENGINE_STATS}
-    r = {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "ttft_s": None}
+    ttft = statistics.median(o.metrics["ttft_s"] for o in outs)  # from arrival in the engine
+    r = {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "ttft_s": ttft}
     return engine_figures(r, before, after)
 
 
@@ -151,6 +162,63 @@ def measured(metrics_url: str, run):
     return engine_figures(r, before, after)
 
 
+def openai_streams(url: str, model: str, texts: list[str], max_tokens: int) -> dict:
+    """All prompts at once as streamed completions through the OpenAI-compatible front, with the official
+    client from as many threads (its sync client: the async one failed on the GPU host, with that host's
+    own aiohttp and event loop packages beside ours): tokens/s over the burst and the median time to a
+    first token."""
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+
+    def one(text: str) -> tuple[float | None, int]:
+        first, tokens = None, 0
+        stream = client.completions.create(model=model, prompt=text, max_tokens=max_tokens, temperature=0,
+                                           stream=True, stream_options={"include_usage": True})  # fmt: skip
+        for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].text:
+                first = time.perf_counter() - t0
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        return first, tokens
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(texts)) as pool:
+        got = list(pool.map(one, texts))
+    wall = time.perf_counter() - t0
+    client.close()
+    tokens = sum(n for _, n in got)
+    firsts = [f for f, _ in got if f is not None]
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "ttft_s": statistics.median(firsts) if firsts else None}  # fmt: skip
+
+
+def aiperf(
+    binary: str, url: str, model: str, tokenizer: str, concurrency: int, max_tokens: int, out: str
+) -> dict:
+    """AIPerf (NVIDIA's load generator, pip `aiperf`) against the OpenAI front: `concurrency` streams kept
+    busy over 4 × concurrency requests (at least 8) of synthetic 128-token prompts and `max_tokens`
+    outputs (ignore_eos); its TTFT, inter-token latency and throughputs from its JSON export."""
+    cmd = [binary, "profile", "--model", model, "--url", url, "--endpoint-type", "completions", "--streaming",
+           "--concurrency", str(concurrency), "--request-count", str(max(8, 4 * concurrency)),
+           "--synthetic-input-tokens-mean", "128", "--synthetic-input-tokens-stddev", "0",
+           "--output-tokens-mean", str(max_tokens), "--output-tokens-stddev", "0",
+           "--extra-inputs", "ignore_eos:true", "--tokenizer", tokenizer, "--ui-type", "none",
+           "--artifact-dir", out]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=1800)
+    with open(os.path.join(out, "profile_export_aiperf.json")) as f:
+        d = json.load(f)
+    return {
+        "concurrency": concurrency,
+        "requests": d["request_count"]["avg"],
+        "ttft_ms": (d["time_to_first_token"]["p50"], d["time_to_first_token"]["p99"]),
+        "itl_ms": (d["inter_token_latency"]["p50"], d["inter_token_latency"]["p99"]),
+        "tokens_per_s": d["output_token_throughput"]["avg"],
+        "per_user": d["output_token_throughput_per_user"]["avg"],
+        "command": " ".join(cmd),
+    }
+
+
 def triton_unary(url: str, texts: list[str], max_tokens: int) -> dict | None:
     try:
         import tritonclient.http as httpclient
@@ -175,12 +243,15 @@ def triton_unary(url: str, texts: list[str], max_tokens: int) -> dict | None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--engine", default="build/engine-tiny")
-    p.add_argument("--requests", type=int, nargs="+", default=[1, 8, 16])
+    p.add_argument("--requests", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the engine, both sides")
     p.add_argument("--out", default="bench/results/serving.md")
     p.add_argument("--server-log", default=None, help="where tritonserver's log goes (default: a temp dir)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per case; the median is reported")
+    p.add_argument(
+        "--aiperf", default=None, help="AIPerf's executable: also run it at each --requests concurrency"
+    )
     p.add_argument(
         "--engine-modes",
         nargs="+",
@@ -215,7 +286,11 @@ def main() -> None:
             stack.enter_context(TritonServer(cfg, log_path=log_path))
             startup[mode] = time.perf_counter() - t0
             triton_streams(cfg.grpc_url, prompts(1), 2)  # warm-up
-            paths |= served_paths(cfg, mode, args.max_tokens)
+            front = None
+            if has_openai:
+                front_log = args.server_log and f"{args.server_log}.openai.{mode}"
+                front = stack.enter_context(OpenAIServer(cfg, free_port(), MODEL, log_path=front_log))
+            paths |= served_paths(cfg, mode, args.max_tokens, front)
         rows = []
         for n in args.requests:
             runs = {name: make(n) for name, make in paths.items()}
@@ -230,10 +305,19 @@ def main() -> None:
                 for name, run in runs.items():
                     results[name].append(run())
             rows += [(n, name, report(n, name, median(got))) for name, got in results.items()]
-    write(args, rows, startup)
+        loads = []
+        if args.aiperf and front is not None:
+            for n in args.requests:
+                out = stack.enter_context(tempfile.TemporaryDirectory())
+                loads.append(aiperf(args.aiperf, front.url.removesuffix("/v1"), MODEL,
+                                    args.engine, n, args.max_tokens, out))  # fmt: skip
+                print(f"AIPerf {n:3d} streams: {loads[-1]['tokens_per_s']:.1f} tok/s", flush=True)
+    write(args, rows, startup, loads)
 
 
-def served_paths(cfg: ServeConfig, mode: str, max_tokens: int) -> dict[str, Callable[[int], Callable]]:
+def served_paths(
+    cfg: ServeConfig, mode: str, max_tokens: int, front: OpenAIServer | None
+) -> dict[str, Callable[[int], Callable]]:
     """One server's paths: name -> (batch size -> one timed run, with the relay's and engine's figures)."""
 
     def streams(n: int) -> Callable:
@@ -246,10 +330,20 @@ def served_paths(cfg: ServeConfig, mode: str, max_tokens: int) -> dict[str, Call
             measured, cfg.metrics_url, functools.partial(triton_unary, cfg.http_url, prompts(n), max_tokens)
         )
 
-    return {
+    def openai(n: int) -> Callable:
+        return functools.partial(
+            measured,
+            cfg.metrics_url,
+            functools.partial(openai_streams, front.url, MODEL, prompts(n), max_tokens),
+        )
+
+    paths = {
         f"Triton gRPC streams (ensemble), engine {mode}": streams,
         f"Triton HTTP unary (ensemble_unary), engine {mode}": unary,
     }
+    if front is not None:
+        paths[f"OpenAI API streams (front -> ensemble), engine {mode}"] = openai
+    return paths
 
 
 def median(runs: list[dict]) -> dict:
@@ -269,7 +363,7 @@ def report(n: int, name: str, r: dict) -> dict:
     return r
 
 
-def write(args: argparse.Namespace, rows: list, startup: dict[str, float]) -> None:
+def write(args: argparse.Namespace, rows: list, startup: dict[str, float], loads: list[dict]) -> None:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     lines = [
         f"# Serving: tokens/s through Triton vs in-process ({'GPU' if gpu else 'CPU'}, tiny engine)",
@@ -324,6 +418,23 @@ def write(args: argparse.Namespace, rows: list, startup: dict[str, float]) -> No
         lines.append(
             f"| {n} | {name} | {r['tokens']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.1f} | {spread} | {ttft} | {per_token} | {relay} | {engine} |"
         )
+    if loads:
+        lines += [
+            "",
+            "## AIPerf against the OpenAI API",
+            "",
+            f"`{loads[0]['command']}` (and the same at each concurrency): synthetic 128-token prompts, "
+            f"{args.max_tokens} output tokens (ignore_eos), streamed; TTFT and inter-token latency p50 / p99 "
+            "as AIPerf measures them at the client.",
+            "",
+            "| concurrency | requests | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | output tokens/s | tokens/s per user |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in loads:
+            lines.append(
+                f"| {r['concurrency']} | {r['requests']:.0f} | {r['ttft_ms'][0]:.1f} / {r['ttft_ms'][1]:.1f} "
+                f"| {r['itl_ms'][0]:.2f} / {r['itl_ms'][1]:.2f} | {r['tokens_per_s']:.1f} | {r['per_user']:.1f} |"
+            )
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {args.out}")

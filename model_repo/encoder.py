@@ -14,7 +14,7 @@ from torch.export.passes import move_to_device_pass
 
 import plugins  # noqa: F401  (the programs may call torch.ops.inkling.*)
 from builder.engine import read_engine_config
-from model_repo.tensors import RequestError, error, load_model_config, parameter, require, tensor
+from model_repo.tensors import RequestError, error, fault, load_model_config, parameter, require, tensor
 from runtime.encoder_graphs import GraphedEncoder
 
 
@@ -72,7 +72,7 @@ class EncoderModel:
         except RequestError as e:
             return error(str(e))
         except Exception as e:  # a bad input must never take the model down
-            return error(f"{self.program_name} encoder failed: {type(e).__name__}: {e}")
+            return fault(f"{self.program_name} encoder failed: {type(e).__name__}: {e}")
 
     def _check(self, x: torch.Tensor) -> None:
         if self.program_name == "vision":

@@ -39,15 +39,29 @@ import triton_python_backend_utils as pb_utils
 from model_repo.tensors import (
     RequestError,
     error,
+    error_code,
     load_model_config,
     parameter,
     scalar,
     string_tensor,
+    strings,
     tensor,
+    text,
 )
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-PARAMS = ("max_tokens", "temperature", "top_k", "top_p", "random_seed", "stop_words", "num_draft_tokens")
+PARAMS = (
+    "max_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "random_seed",
+    "stop_words",
+    "num_draft_tokens",
+    "ignore_eos",
+    "num_logprobs",
+    "return_log_probs",
+)
 MEDIA = ("image_data_input", "audio_data_input")
 PROMPT = ("text_input", "messages", "tools", "reasoning_effort", *MEDIA)
 OUTPUTS = (
@@ -58,7 +72,14 @@ OUTPUTS = (
     "completion_tokens",
     "acceptance_length",
     "acceptance_rate",
+    "num_input_tokens",
+    "num_output_tokens",
+    "output_log_probs",
+    "top_logprob_ids",
+    "top_logprobs",
 )
+COUNTS = OUTPUTS[3:-3]  # one value a response, the request's so far
+TOKEN_ROWS = OUTPUTS[-3:]  # a row a generated token (empty where the request asks for no logprobs)
 CANCEL_CHECK_S = 0.05
 METRICS_PERIOD_S = 0.25
 
@@ -76,7 +97,8 @@ class Delta:
     text: str
     output_ids: np.ndarray
     finish_reason: str
-    counts: dict[str, np.ndarray]  # prompt_tokens, completion_tokens, acceptance_*
+    counts: dict[str, np.ndarray]  # COUNTS
+    rows: dict[str, np.ndarray]  # TOKEN_ROWS
     reasoning: str = ""  # a chat request's thinking
     tool_calls: list = dataclasses.field(default_factory=list)  # a chat request's completed tool calls
 
@@ -87,13 +109,21 @@ class Delta:
             text=_str(out["text_output"]),
             output_ids=out["output_ids"].astype(np.int64),
             finish_reason=_str(out["finish_reason"]),
-            counts={k: out[k] for k in OUTPUTS[3:]},
+            counts={k: out[k] for k in COUNTS},
+            rows={k: out[k] for k in TOKEN_ROWS},
         )
 
     def merge(self, d: Delta) -> Delta:
         ids = np.concatenate([self.output_ids, d.output_ids])
-        return Delta(self.text + d.text, ids, d.finish_reason, d.counts, self.reasoning + d.reasoning,
+        rows = {k: _stacked(v, d.rows[k]) for k, v in self.rows.items()}
+        return Delta(self.text + d.text, ids, d.finish_reason, d.counts, rows, self.reasoning + d.reasoning,
                      self.tool_calls + d.tool_calls)  # fmt: skip
+
+    def echoed(self, text: str, ids: np.ndarray) -> Delta:
+        """The prompt (`text`, its `ids`) before the answer: TensorRT-LLM's exclude_input_in_output false."""
+        return dataclasses.replace(
+            self, text=text + self.text, output_ids=np.concatenate([ids, self.output_ids])
+        )
 
     def chat(self, parser: Any) -> Delta:
         """This delta of a chat request's answer, parsed: the visible text, thinking and tool calls."""
@@ -114,7 +144,7 @@ class Delta:
                 string_tensor("text_output", self.text),
                 tensor("output_ids", self.output_ids, np.int64),
                 string_tensor("finish_reason", self.finish_reason),
-                *(tensor(k, v, v.dtype.type) for k, v in self.counts.items()),
+                *(tensor(k, v, v.dtype.type) for k, v in (self.counts | self.rows).items()),
                 *chat_tensors(self.reasoning, self.tool_calls),
             ]
         )
@@ -125,6 +155,11 @@ def chat_tensors(reasoning: str = "", tool_calls: list = ()) -> list:
         string_tensor("reasoning_output", reasoning),
         string_tensor("tool_calls", json.dumps(list(tool_calls), ensure_ascii=False)),
     ]
+
+
+def _stacked(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two responses' token rows, one after the other (a response without tokens has [0] or [0, 0])."""
+    return b if not a.shape[0] else a if not b.shape[0] else np.concatenate([a, b])
 
 
 def _str(x: np.ndarray) -> str:
@@ -173,12 +208,17 @@ class PipelineModel:
         try:
             stream = self.decoupled and bool(scalar(request, "stream", False, bool))
             prompt = self._prepare(request)
+            echo = None  # exclude_input_in_output false: the prompt's text and ids, before the answer
+            if not stream and not scalar(request, "exclude_input_in_output", True, bool):
+                texts = strings(request, "text_input")
+                if texts:
+                    echo = (text(texts[0], "text_input"), prompt[0].as_numpy())
             parser = None
             if pb_utils.get_input_tensor_by_name(request, "messages") is not None:
                 from inkling.published.chat_output import ChatOutputParser
 
                 parser = ChatOutputParser(self.tokenizer)
-            self._generate(request, sender, prompt, stream, parser)
+            self._generate(request, sender, prompt, stream, parser, echo)
         except StepError as e:
             sender.send(error(str(e), e.code), flags=FINAL)
         except RequestError as e:
@@ -213,7 +253,9 @@ class PipelineModel:
             prompt += [tensor("mm_embeds", rows, np.float32), tensor("mm_positions", positions, np.int64)]
         return prompt
 
-    def _generate(self, request: Any, sender: Any, prompt: list, stream: bool, parser: Any) -> None:
+    def _generate(
+        self, request: Any, sender: Any, prompt: list, stream: bool, parser: Any, echo: tuple | None
+    ) -> None:
         params = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in PARAMS) if t is not None]
         rid = uuid.uuid4().hex
         mode = [tensor("stream", [stream], np.bool_)]  # not streamed: inkling sends one response at the end
@@ -247,7 +289,7 @@ class PipelineModel:
             if isinstance(r, Exception):
                 raise r
             if r.has_error():
-                raise StepError(r.error().message(), r.error().code())
+                raise StepError(r.error().message(), error_code(r.error()))
             if r.output_tensors():  # else a bare final flag
                 _raise_if_failed(r)
                 got.append(r)
@@ -256,7 +298,8 @@ class PipelineModel:
         if not got:
             raise StepError("inkling ended the stream without a response", pb_utils.TritonError.INTERNAL)
         answer = Delta.joined(got)
-        sender.send((answer.chat(parser) if parser else answer).response(), flags=FINAL)
+        answer = answer.chat(parser) if parser else answer
+        sender.send((answer.echoed(*echo) if echo else answer).response(), flags=FINAL)
 
     def _relay(self, responses: Any, sender: Any, rid: str, parser: Any) -> None:
         """Forward inkling's deltas to the client. A reader thread takes them off inkling's stream as they
@@ -281,7 +324,7 @@ class PipelineModel:
                 if isinstance(r, Exception):
                     raise r
                 if r.has_error():
-                    raise StepError(r.error().message(), r.error().code())
+                    raise StepError(r.error().message(), error_code(r.error()))
                 if r.output_tensors():  # else a bare final flag
                     _raise_if_failed(r)
                     got.append(r)
@@ -355,7 +398,7 @@ def _raise_if_failed(r: Any) -> None:
 def _call(model: str, inputs: list, outputs: list[str]) -> dict[str, np.ndarray]:
     r = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs).exec()
     if r.has_error():
-        raise StepError(r.error().message(), r.error().code())
+        raise StepError(r.error().message(), error_code(r.error()))
     return {name: pb_utils.get_output_tensor_by_name(r, name).as_numpy() for name in outputs}
 
 

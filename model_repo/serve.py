@@ -331,6 +331,72 @@ class TritonServer:
         self.stop()
 
 
+class OpenAIServer:
+    """The OpenAI-compatible front (model_repo/openai_front.py) in a process of its own, speaking to a ready
+    Triton's gRPC port: `with OpenAIServer(cfg, port) as front: front.url` ("http://host:port/v1")."""
+
+    def __init__(
+        self,
+        cfg: ServeConfig,
+        port: int,
+        model: str = "inkling",
+        log_path: str | None = None,
+        extra: tuple = (),
+    ):
+        self.cfg, self.port, self.model, self.extra = cfg, port, model, tuple(extra)
+        self.log_path = Path(log_path) if log_path else Path(cfg.work_dir).resolve() / "openai.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}/v1"
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        cfg = self.cfg
+        cmd = [sys.executable, "-m", "model_repo.openai_front", "--triton", cfg.grpc_url,
+               "--triton-metrics", f"http://{cfg.host}:{cfg.metrics_port}/metrics",
+               "--tokenizer", os.path.join(cfg.engine_dir, "tokenizer.json"),
+               "--host", cfg.host, "--port", str(self.port), "--model", self.model, *self.extra]  # fmt: skip
+        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(PROJECT_ROOT))
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServeError(
+                    f"the OpenAI front exited during start-up; log:\n{self.log_path.read_text()[-4000:]}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/models", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise ServeError(f"the OpenAI front not ready after {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> OpenAIServer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -377,6 +443,14 @@ def main(argv: list[str] | None = None) -> int:
         help="run the engine in a process of its own, apart from the `inkling` stub's GIL (default: on)",
     )
     p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--openai-port", type=int, default=8080, help="the OpenAI-compatible API's port")
+    p.add_argument("--no-openai", action="store_true", help="serve Triton alone, without the OpenAI API")
+    p.add_argument("--model-name", default="inkling", help="the model's name in the OpenAI API")
+    p.add_argument(
+        "--allow-remote-media",
+        action="store_true",
+        help="the OpenAI API fetches http(s) image/audio URLs in chat messages (refused otherwise)",
+    )
     args = p.parse_args(argv)
     cfg = ServeConfig(
         engine_dir=args.engine,
@@ -408,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     t0 = time.monotonic()
     server.start()
+    remote = ("--allow-remote-media",) if args.allow_remote_media else ()
+    front = None if args.no_openai else OpenAIServer(cfg, args.openai_port, args.model_name, extra=remote)
     try:
         server.wait_ready()
         print(
@@ -415,9 +491,17 @@ def main(argv: list[str] | None = None) -> int:
             f"metrics {cfg.metrics_url}; models {', '.join(MODELS)}; log {server.log_path}",
             flush=True,
         )
+        if front is not None:
+            front.start()
+            print(
+                f"OpenAI-compatible API at {front.url} (model {args.model_name!r}); log {front.log_path}",
+                flush=True,
+            )
         while not stopping and server.process.poll() is None:
             time.sleep(0.5)
     finally:
+        if front is not None:
+            front.stop()
         code = server.stop()
     if not stopping:
         print(f"tritonserver exited with {code}; log:\n{server.log_tail()}", file=sys.stderr)

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from .refusal import REFUSAL, is_refusal
+
 
 class RequestError(ValueError):
     """A request that cannot be served as sent: its message goes back to the client verbatim."""
@@ -68,9 +70,22 @@ def tensor(name: str, value: Any, dtype: type) -> Any:
 
 
 def error(message: str, code: Any = None) -> Any:
-    """An error response (TritonError.INVALID_ARG for a bad request unless `code` says otherwise)."""
+    """An error response: a refusal (TritonError.INVALID_ARG, the default; its message marked REFUSAL,
+    model_repo/refusal.py) or a fault with its own `code`."""
     err_code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    if err_code == pb_utils.TritonError.INVALID_ARG and not message.startswith(REFUSAL):
+        message = REFUSAL + message
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, err_code))
+
+
+def fault(message: str) -> Any:
+    """An error response for a fault of ours (TritonError.INTERNAL: HTTP 500), not the request's."""
+    return error(message, pb_utils.TritonError.INTERNAL)
+
+
+def error_code(err: Any) -> Any:
+    """The code of a composing model's error as it sent it (see REFUSAL)."""
+    return pb_utils.TritonError.INVALID_ARG if is_refusal(err.message()) else err.code()
 
 
 def parameter(model_config: dict, key: str, default: str | None = None) -> str:

@@ -70,7 +70,8 @@ class BlockManager:
         self.snapshots_free: list[int] = list(range(num_snapshots - 1, -1, -1))
         self.cached_blocks: set[int] = set()  # blocks some cache entry holds
         self.num_evictable = 0  # of those, the ones only an entry holds (ref == 1)
-        self.stats = {"prefix_hits": 0, "prefix_hit_tokens": 0, "evictions": 0}
+        # prefix_query_tokens: the prompt tokens looked up in the prefix cache (PrefixCache.lookup)
+        self.stats = {"prefix_hits": 0, "prefix_hit_tokens": 0, "prefix_query_tokens": 0, "evictions": 0}
 
     # Pool.
     @property

@@ -271,23 +271,27 @@ class LLMEngine:
         params = seq.params
         real = logits[:, : self.num_real_tokens]
         k = s.num_drafts
-        if pick is not None:
+        top = None
+        if pick is not None:  # never with top logprobs asked (overlap.takes_pick)
             tokens, logprobs = [pick[0]], (None if params.logprobs is None else [pick[1]])
         elif k == 0:
             out = sample(real[0], params, state.generator)
             tokens, logprobs = [out.token], ([out.logprob] if out.logprob is not None else None)
+            top = None if out.top_logprobs is None else [out.top_logprobs]
         else:
-            tokens, logprobs = self.spec.verify(state, k, real, targets, probs)
+            tokens, logprobs, top = self.spec.verify(state, k, real, targets, probs)
         if s.num_tokens - k == 1 and seq.output_ids and params.num_draft_tokens:  # a decode step
             self.spec.record(state, k, len(tokens) - 1)
         seq.drafts = []
         emitted, finish = self.outputs.append(state, tokens)
         if logprobs is not None:
             logprobs = logprobs[: len(emitted)]
+        if top is not None:
+            top = top[: len(emitted)]
         if finish is None and k:
             self.spec.discard_rejected(seq)
         self.outputs.record_tokens(state, len(emitted))
-        return self.outputs.delta(state, emitted, finish, logprobs)
+        return self.outputs.delta(state, emitted, finish, logprobs, top)
 
     # Failures.
     def _fail(self, seq: Sequence, error: Exception, stage: str) -> StreamDelta:
@@ -359,6 +363,8 @@ class LLMEngine:
         return {
             **self.blocks.usage(),
             **self.stats.counters(),
+            **self.acceptance.counters(),
+            "preemptions": self.scheduler.num_preemptions,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
         }

@@ -44,6 +44,7 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None  # where SamplingParams.logprobs > 0
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # finish_reason "error": why the request was ended while it was served
     message: Any = None  # from LLM.chat: the answer parsed (inkling.published.chat_output.ChatDelta)
@@ -231,7 +232,7 @@ def _output(d: StreamDelta) -> RequestOutput:
     """A request's deltas, merged (StreamDelta.merge), as its output."""
     return RequestOutput(
         d.request_id, d.text, d.token_ids, d.finish_reason, d.prompt_tokens, d.completion_tokens,
-        d.logprobs, d.metrics or {}, d.error,
+        d.logprobs, d.top_logprobs, d.metrics or {}, d.error,
     )  # fmt: skip
 
 

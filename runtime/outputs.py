@@ -25,7 +25,8 @@ class StreamDelta:
     finish_reason: str | None  # "stop", "length", "abort", "rejected" (never admitted) or "error"
     prompt_tokens: int
     completion_tokens: int
-    logprobs: list[float] | None = None
+    logprobs: list[float] | None = None  # each token's, where the request asks (SamplingParams.logprobs)
+    top_logprobs: list[dict[int, float]] | None = None  # each token's most likely alternatives, where asked
     acceptance_length: float = 1.0
     acceptance_rate: float = 0.0
     error: str | None = None  # why a request was rejected or ended by an error
@@ -36,14 +37,17 @@ class StreamDelta:
         (counts, acceptance, finish, metrics) as of `later`."""
         if later.request_id != self.request_id:
             raise ValueError(f"cannot merge deltas of {self.request_id} and {later.request_id}")
-        logprobs = (
-            None
-            if self.logprobs is None and later.logprobs is None
-            else (self.logprobs or []) + (later.logprobs or [])
-        )
         return dataclasses.replace(
-            later, text=self.text + later.text, token_ids=self.token_ids + later.token_ids, logprobs=logprobs
+            later,
+            text=self.text + later.text,
+            token_ids=self.token_ids + later.token_ids,
+            logprobs=_joined(self.logprobs, later.logprobs),
+            top_logprobs=_joined(self.top_logprobs, later.top_logprobs),
         )
+
+
+def _joined(a: list | None, b: list | None) -> list | None:
+    return None if a is None and b is None else (a or []) + (b or [])
 
 
 @dataclass
@@ -110,7 +114,12 @@ class OutputProcessor:
         self.stats.generated_tokens += n
 
     def delta(
-        self, state: RequestState, new: list[int], finish: str | None, logprobs: list[float] | None = None
+        self,
+        state: RequestState,
+        new: list[int],
+        finish: str | None,
+        logprobs: list[float] | None = None,
+        top_logprobs: list[dict[int, float]] | None = None,
     ) -> StreamDelta:
         """The request's delta for tokens `new`; a stop string in the text ends it ("stop")."""
         seq = state.seq
@@ -132,7 +141,7 @@ class OutputProcessor:
         acc = state.acceptance
         delta = StreamDelta(
             seq.request_id, text, new, finish, seq.num_prompt, len(seq.output_ids), logprobs,
-            acc.mean_acceptance_length if acc.steps else 1.0, acc.acceptance_rate,
+            top_logprobs, acc.mean_acceptance_length if acc.steps else 1.0, acc.acceptance_rate,
         )  # fmt: skip
         if finish in ("stop", "length"):
             delta.metrics = self.request_metrics(state)

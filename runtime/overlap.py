@@ -41,9 +41,10 @@ class LaunchedStep:
 def takes_pick(s: ScheduledSeq, successor: bool) -> bool:
     """Whether the sequence's next token is drawn on the device from its one row of this step, with
     nothing for the host to read (a successor's sequences sample, though the token they feed is not
-    in `seq.tokens` yet)."""
+    in `seq.tokens` yet). Not where the request asks for top logprobs (the host's sampler reads them)."""
     samples = s.samples or successor
-    return samples and not s.num_drafts and not s.seq.params.num_draft_tokens
+    params = s.seq.params
+    return samples and not s.num_drafts and not params.num_draft_tokens and not params.logprobs
 
 
 def make_picks(step: LaunchedStep, logits: torch.Tensor, generators: list[torch.Generator | None]) -> None:

@@ -33,6 +33,7 @@ class PrefixCache:
         if seq.params.num_draft_tokens:
             return
         bs = self.blocks.block_size
+        self.blocks.stats["prefix_query_tokens"] += len(seq)
         full = (len(seq) - 1) // bs
         keys, entries = self.blocks.lookup(
             [(seq.token_range(i * bs, (i + 1) * bs), self.block_media(seq, i)) for i in range(full)]

@@ -56,12 +56,24 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     token = int(sample_token(logits, params, generator))
     if params.logprobs is None:
         return Sample(token)
-    logp = torch.log_softmax(logits.float(), -1)
-    top = {}
-    if params.logprobs:
-        values, ids = torch.topk(logp, params.logprobs)
-        top = {int(i): float(v) for i, v in zip(ids, values)}
-    return Sample(token, float(logp[token]), top)
+    chosen, top = token_logprobs(logits[None], [token], params.logprobs)
+    return Sample(token, chosen[0], top[0] if top else None)
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: list[int], num_top: int
+) -> tuple[list[float], list[dict[int, float]] | None]:
+    """The model's log-probabilities (of the logits as they are, before temperature and filters, as vLLM
+    reports them) of `tokens[i]` under row i of float32 logits [n, V], and with `num_top` > 0 each row's
+    `num_top` most likely tokens and theirs; one read of the device."""
+    rows = logits[: len(tokens)]
+    logp = torch.log_softmax(rows.float(), -1)
+    picked = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None])[:, 0]
+    if not num_top:
+        return picked.tolist(), None
+    values, ids = torch.topk(logp, min(num_top, logp.shape[-1]), dim=-1)
+    picked, values, ids = picked.tolist(), values.tolist(), ids.tolist()
+    return picked, [dict(zip(i, v)) for i, v in zip(ids, values)]
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -12,7 +12,7 @@ import torch
 from .block_manager import BlockManager
 from .drafter import HeadWork
 from .outputs import RequestState
-from .sampler import filter_logits
+from .sampler import filter_logits, token_logprobs
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .speculative import (
@@ -66,11 +66,11 @@ class SpeculativeDecoder:
         logits: torch.Tensor,
         targets: list[int] | None,
         probs: torch.Tensor | None,
-    ) -> tuple[list[int], list[float] | None]:
+    ) -> tuple[list[int], list[float] | None, list[dict[int, float]] | None]:
         """The tokens a step with `num_drafts` drafts emits from its rows of `logits` (real vocabulary): greedy,
         exact match against `targets` (the rows' argmaxes, where given); sampled, rejection sampling against
-        `probs` (the rows' target distributions, `verify_probs`). 1..k+1 tokens, with their logprobs where
-        the request asks."""
+        `probs` (the rows' target distributions, `verify_probs`). 1..k+1 tokens, with their logprobs and top
+        logprobs where the request asks (sampler.token_logprobs)."""
         seq, params = state.seq, state.seq.params
         drafts = seq.drafts[:num_drafts]
         if params.greedy:
@@ -81,11 +81,9 @@ class SpeculativeDecoder:
             n = next((i for i, d in enumerate(drafts) if d >= self.num_real_tokens), num_drafts)
             q = one_hot_probs(drafts[:n], probs.shape[-1])
             tokens = rejection_sample(drafts[:n], q, probs[: n + 1], state.draft_generator)
-        logprobs = None
-        if params.logprobs is not None:
-            logp = torch.log_softmax(logits.float(), -1)
-            logprobs = [float(logp[i, t]) for i, t in enumerate(tokens)]
-        return tokens, logprobs
+        if params.logprobs is None:
+            return tokens, None, None
+        return tokens, *token_logprobs(logits, tokens, params.logprobs)
 
     def record(self, state: RequestState, num_drafts: int, num_accepted: int) -> None:
         state.acceptance.update(num_drafts, num_accepted)

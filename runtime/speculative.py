@@ -163,6 +163,13 @@ class AcceptanceStats:
         """Per draft position: accepted / proposed (0.0 where never proposed)."""
         return [a / p if p else 0.0 for a, p in zip(self.accepted, self.proposed)]
 
+    def counters(self) -> dict[str, int]:
+        """Running totals as vLLM's speculative-decoding metrics count them: steps that drafted, draft
+        tokens proposed, drafts accepted, and accepted per position (`spec_accepted_{i}`, 1-based)."""
+        out = {"spec_drafts": self.proposed[0], "spec_draft_tokens": sum(self.proposed),
+               "spec_accepted_tokens": sum(self.accepted)}  # fmt: skip
+        return out | {f"spec_accepted_{i + 1}": n for i, n in enumerate(self.accepted)}
+
 
 def draft_every_step(stats: AcceptanceStats, requested: int) -> int:
     """A draft policy that always drafts what the request asks (benchmarks of the cost side: synthetic heads

@@ -84,3 +84,25 @@ def prompts(processor) -> list[Prompt]:
             [png(16, 16, seed=4), png(50, 33, seed=5)],
         ),
     ]  # fmt: skip
+
+
+# Request limits of the module's Triton server (model_repo/serve.py ServeConfig), small enough to test.
+LIMITS = dict(
+    max_image_bytes=200_000, max_image_pixels=512 * 512, max_audio_bytes=400_000, max_audio_seconds=8.0,
+    max_text_bytes=4096, max_images=2, max_audios=2,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def server(engine_f32, tmp_path_factory):
+    """A real Triton server on the float32 tiny engine, free localhost ports, LIMITS (the serving and
+    OpenAI API tests share it)."""
+    from model_repo.serve import ServeConfig, TritonServer, free_port
+
+    cfg = ServeConfig(
+        engine_dir=str(engine_f32[1]), work_dir=str(tmp_path_factory.mktemp("serve")), http_port=free_port(),
+        grpc_port=free_port(), metrics_port=free_port(), **LIMITS,
+    )  # fmt: skip
+    with TritonServer(cfg) as s:
+        yield s
+    assert s.process.poll() is not None

@@ -8,6 +8,7 @@ import base64
 import importlib.util
 import json
 
+import numpy as np
 import pytest
 
 pytest.importorskip("tritonclient.grpc")
@@ -18,12 +19,7 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from builder.build import build  # noqa: E402
-from builder.config import BuildConfig  # noqa: E402
 from inkling.demo import demo_png, demo_wav  # noqa: E402
-from inkling.published.config import preset  # noqa: E402
-from inkling.published.synth import write_checkpoint  # noqa: E402
-from model_repo.serve import ServeConfig, TritonServer, free_port  # noqa: E402
 from runtime import LLM, SamplingParams  # noqa: E402
 from tests.e2e.test_serving import grpc_stream, inputs, join, result  # noqa: E402
 
@@ -36,24 +32,8 @@ MEDIA = {
 
 
 @pytest.fixture(scope="module")
-def engine_dir(tmp_path_factory):
-    ckpt = write_checkpoint(tmp_path_factory.mktemp("pub") / "tiny", preset("inkling-tiny"), seed=7)
-    out = tmp_path_factory.mktemp("engine") / "tiny"
-    bc = BuildConfig(
-        dtype="float32", device="cpu", max_batch_size=4, max_input_len=160, max_seq_len=192, max_num_tokens=64
-    )
-    build(ckpt, bc, echo=False).save(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def server(engine_dir, tmp_path_factory):
-    cfg = ServeConfig(
-        engine_dir=str(engine_dir), work_dir=str(tmp_path_factory.mktemp("serve")), http_port=free_port(),
-        grpc_port=free_port(), metrics_port=free_port(),
-    )  # fmt: skip
-    with TritonServer(cfg) as s:
-        yield s
+def engine_dir(engine_f32):
+    return engine_f32[1]
 
 
 def test_text_through_triton_equals_in_process(engine_dir, server):
@@ -144,3 +124,51 @@ def test_chat_through_triton_equals_in_process(engine_dir, server):
     finally:
         client.close()
     assert server.process.poll() is None
+
+
+def tensorrt_llm_inputs(mod, prompt: dict, stream: bool | None = None, **flags) -> list:
+    """`inputs` with TensorRT-LLM backend's optional tensors: BOOL flags and an INT32 num_logprobs."""
+    out = inputs(mod, prompt, stream=stream)
+    for name, value in flags.items():
+        dtype, np_type = ("INT32", np.int32) if name == "num_logprobs" else ("BOOL", np.bool_)
+        x = mod.InferInput(name, [1], dtype)
+        x.set_data_from_numpy(np.array([value], dtype=np_type))
+        out.append(x)
+    return out
+
+
+def test_tensorrt_llm_options_and_logprobs(engine_dir, server):
+    """The options a TensorRT-LLM backend's client sends work unchanged: exclude_input_in_output false puts
+    the prompt before the answer, num_input/output_tokens are the counts, return_log_probs gives each
+    token's logprob; num_logprobs adds the alternatives. All equal the in-process runtime's, over HTTP
+    unary and a gRPC stream."""
+    (want,) = LLM(engine_dir).generate([TEXTS[0]], SamplingParams(max_tokens=8, logprobs=3))
+    client = httpclient.InferenceServerClient(server.cfg.http_url)
+    try:
+        r = client.infer("ensemble_unary", tensorrt_llm_inputs(
+            httpclient, {"text": TEXTS[0]}, exclude_input_in_output=False, return_num_input_tokens=True,
+            return_num_output_tokens=True, return_log_probs=True))  # fmt: skip
+        assert r.as_numpy("text_output")[0].decode() == TEXTS[0] + want.text
+        ids = r.as_numpy("output_ids").tolist()
+        assert len(ids) == want.prompt_tokens + 8 and ids[-8:] == want.token_ids
+        assert int(r.as_numpy("num_input_tokens")[0]) == want.prompt_tokens
+        assert int(r.as_numpy("num_output_tokens")[0]) == want.completion_tokens == 8
+        assert r.as_numpy("output_log_probs").tolist() == pytest.approx(want.logprobs, abs=1e-5)
+        assert r.as_numpy("top_logprobs").size == 0  # no alternatives asked
+        plain = client.infer("ensemble_unary", tensorrt_llm_inputs(httpclient, {"text": TEXTS[0]},
+                                                                   exclude_input_in_output=True))  # fmt: skip
+        assert result(plain)[0] == want.text and plain.as_numpy("output_log_probs").size == 0
+    finally:
+        client.close()
+    streams = grpc_stream(server.cfg.grpc_url, [("s", tensorrt_llm_inputs(grpcclient, {"text": TEXTS[0]},
+                                                                          stream=True, num_logprobs=3))])  # fmt: skip
+    deltas = streams["s"]
+    assert [t for d in deltas for t in d.as_numpy("output_ids").tolist()] == want.token_ids
+    assert [x for d in deltas for x in d.as_numpy("output_log_probs").tolist()] == pytest.approx(
+        want.logprobs, abs=1e-5
+    )
+    ids = [row for d in deltas for row in d.as_numpy("top_logprob_ids").tolist()]
+    values = [row for d in deltas for row in d.as_numpy("top_logprobs").tolist()]
+    assert ids == [list(t) for t in want.top_logprobs]
+    assert np.allclose(values, [list(t.values()) for t in want.top_logprobs], atol=1e-5)
+    assert [row[0] for row in ids] == want.token_ids  # greedy: each token is its row's most likely

@@ -39,11 +39,9 @@ from inkling.demo import demo_png, demo_wav  # noqa: E402
 from model_repo.serve import ServeConfig, TritonServer, free_port  # noqa: E402
 from runtime import LLM, SamplingParams  # noqa: E402
 
+from .conftest import LIMITS  # noqa: E402
+
 MAX_TOKENS = 8
-LIMITS = dict(
-    max_image_bytes=200_000, max_image_pixels=512 * 512, max_audio_bytes=400_000, max_audio_seconds=8.0,
-    max_text_bytes=4096, max_images=2, max_audios=2,
-)  # fmt: skip
 PNG, WAV = demo_png(40, 24), demo_wav(0.5)
 IMG, AUD = (
     "<|content_image|><|unused_200054|>",
@@ -59,21 +57,6 @@ PROMPTS = [
         "audios": [WAV],
     },
 ]
-
-
-@pytest.fixture(scope="module")
-def server(engine_f32, tmp_path_factory):
-    cfg = ServeConfig(
-        engine_dir=str(engine_f32[1]),
-        work_dir=str(tmp_path_factory.mktemp("serve")),
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-        **LIMITS,
-    )
-    with TritonServer(cfg) as s:
-        yield s
-    assert s.process.poll() is not None
 
 
 @pytest.fixture(scope="module")
@@ -392,8 +375,14 @@ def wav(seconds: float, rate: int = 16000) -> bytes:
     return buf.getvalue()
 
 
-def raw_input(name: str, array: np.ndarray, dtype: str):
-    x = httpclient.InferInput(name, list(array.shape), dtype)
+def raw_input(name: str, array: np.ndarray, dtype: str) -> tuple:
+    """An input as sent, for either client (`made`)."""
+    return name, array, dtype
+
+
+def made(mod, spec: tuple):
+    name, array, dtype = spec
+    x = mod.InferInput(name, list(array.shape), dtype)
     x.set_data_from_numpy(array)
     return x
 
@@ -500,13 +489,20 @@ BAD = {
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_request_gets_a_clear_error(server, case):
+    """Over HTTP a refusal is a 400, over gRPC an INVALID_ARGUMENT (not the 500 / INTERNAL that Triton's
+    reset of a composing model's error code gave: model_repo/refusal.py)."""
     ins, message = BAD[case]
-    client = httpclient.InferenceServerClient(server.cfg.http_url)
-    try:
-        with pytest.raises(InferenceServerException, match=re.escape(message)):
-            client.infer("ensemble_unary", ins)
-    finally:
-        client.close()
+    for mod, url, status in (
+        (httpclient, server.cfg.http_url, "400"),
+        (grpcclient, server.cfg.grpc_url, "StatusCode.INVALID_ARGUMENT"),
+    ):
+        client = mod.InferenceServerClient(url)
+        try:
+            with pytest.raises(InferenceServerException, match=re.escape(message)) as e:
+                client.infer("ensemble_unary", [made(mod, x) for x in ins])
+            assert e.value.status() == status, (e.value.status(), str(e.value))
+        finally:
+            client.close()
 
 
 def test_server_keeps_serving_after_bad_requests(server):
@@ -661,22 +657,25 @@ def _outward_address() -> str | None:
 
 
 def test_make_serve_binds_localhost_and_stops_cleanly(engine_f32, tmp_path):
-    """`make serve`'s command line as a user runs it (no --host): every endpoint on 127.0.0.1 only (an
-    outward address of this machine refuses the connection), ready, and on Ctrl-C (SIGINT) the server
-    stops and the command exits 0."""
-    ports = [free_port() for _ in range(3)]
+    """`make serve`'s command line as a user runs it (no --host): every endpoint, the OpenAI API's too, on
+    127.0.0.1 only (an outward address of this machine refuses the connection), ready, and on Ctrl-C
+    (SIGINT) the server stops and the command exits 0."""
+    ports = [free_port() for _ in range(4)]
     cmd = [sys.executable, "-m", "model_repo.serve", "--engine", str(engine_f32[1]), "--work-dir", str(tmp_path),
-           "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]  # fmt: skip
+           "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
+           "--openai-port", str(ports[3])]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
         for line in proc.stdout:  # until it says it is ready (or exits)
             lines.append(line)
-            if line.startswith("Triton ready"):
+            if line.startswith("OpenAI-compatible API at"):
                 break
-        assert lines and lines[-1].startswith("Triton ready"), "".join(lines)
+        assert lines and lines[-1].startswith("OpenAI-compatible API at"), "".join(lines)
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=5) as r:
             assert r.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[3]}/v1/models", timeout=5) as r:
+            assert json.loads(r.read())["data"][0]["id"] == "inkling"
         outward = _outward_address()
         for port in ports if outward else ():
             with socket.socket() as s, pytest.raises(ConnectionRefusedError):

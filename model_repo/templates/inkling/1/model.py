@@ -48,13 +48,15 @@ from runtime import EngineLoop, PromptInput, SamplingParams, StreamDelta
 from runtime.engine_process import EngineGone, EngineProcess
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
 CANCEL_CHECK_S = 0.05  # how often a stream's cancellation is polled (an IPC round trip)
 METRICS_PERIOD_S = 0.1
 RESTART_TRIES, RESTART_BACKOFF_S = 3, 2.0  # a dead engine process: new ones tried, seconds between (× try)
 CACHE_GAUGES = ("free_blocks", "used_blocks", "evictable_blocks", "total_blocks")
 REQUEST_GAUGES = ("running", "waiting")
 # The engine's running totals: its steps, the host's seconds inside them, the tokens they computed,
-# the requests that got a first token and their times to it (from arrival in the engine), summed.
+# the requests that got a first token and their times to it (from arrival in the engine), summed; the
+# prefix cache's queried and hit tokens, preemptions, and MTP's drafting steps, drafts and acceptances.
 ENGINE_GAUGES = (
     "steps",
     "step_seconds",
@@ -64,6 +66,13 @@ ENGINE_GAUGES = (
     "overlapped_steps",
     "first_tokens",
     "ttft_seconds",
+    "prefix_query_tokens",
+    "prefix_hit_tokens",
+    "preemptions",
+    "spec_drafts",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    *(f"spec_accepted_{i}" for i in range(1, 9)),  # per draft position (AcceptanceStats.counters)
 )
 
 
@@ -167,6 +176,8 @@ class TritonPythonModel:
             seed=seed,
             stop=tuple(s for s in stop if s),
             num_draft_tokens=scalar(request, "num_draft_tokens", SamplingParams.num_draft_tokens, int),
+            ignore_eos=bool(scalar(request, "ignore_eos", False, bool)),
+            logprobs=_num_logprobs(request),
         )
         return prompt, params
 
@@ -313,6 +324,8 @@ class TritonPythonModel:
 
     @staticmethod
     def _response(d: StreamDelta) -> Any:
+        top = d.top_logprobs or []
+        shape = (len(top), len(top[0]) if top else 0)
         return pb_utils.InferenceResponse(
             output_tensors=[
                 string_tensor("text_output", d.text),
@@ -322,6 +335,11 @@ class TritonPythonModel:
                 tensor("completion_tokens", [d.completion_tokens], np.int32),
                 tensor("acceptance_length", [d.acceptance_length], np.float32),
                 tensor("acceptance_rate", [d.acceptance_rate], np.float32),
+                tensor("num_input_tokens", [d.prompt_tokens], np.int32),
+                tensor("num_output_tokens", [d.completion_tokens], np.int32),
+                tensor("output_log_probs", d.logprobs or [], np.float32),
+                tensor("top_logprob_ids", np.array([list(t) for t in top]).reshape(shape), np.int64),
+                tensor("top_logprobs", np.array([list(t.values()) for t in top]).reshape(shape), np.float32),
             ]
         )
 
@@ -374,6 +392,17 @@ def _fail(sender: Any, acked: bool, message: str, reason: str, code: Any = None)
         output_tensors=[string_tensor("text_output", message), string_tensor("finish_reason", reason)]
     )
     sender.send(response, flags=FINAL)
+
+
+def _num_logprobs(request: Any) -> int | None:
+    """SamplingParams.logprobs: `num_logprobs` (N alternatives per token), or 0 for TensorRT-LLM's
+    `return_log_probs` true; None (none returned) otherwise."""
+    n = scalar(request, "num_logprobs", None, int)
+    if n is None and scalar(request, "return_log_probs", False, bool):
+        n = 0
+    if n is not None and not 0 <= n <= MAX_LOGPROBS:
+        raise RequestError(f"num_logprobs must be in [0, {MAX_LOGPROBS}], got {n}")
+    return n
 
 
 def _wants_ack(request: Any) -> bool:

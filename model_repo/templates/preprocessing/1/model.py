@@ -32,6 +32,7 @@ from inkling.published.chat import ChatPrompt, ChatRenderer
 from model_repo.tensors import (
     RequestError,
     error,
+    fault,
     get,
     load_model_config,
     parameter,
@@ -117,7 +118,7 @@ class TritonPythonModel:
         except (RequestError, ProcessingError) as e:
             return error(str(e))
         except Exception as e:  # a bad input must never take the model down
-            return error(f"preprocessing failed: {type(e).__name__}: {e}")
+            return fault(f"preprocessing failed: {type(e).__name__}: {e}")
 
     def _process(self, request: Any) -> Any:
         chat = self._chat(request)
