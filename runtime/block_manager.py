@@ -1,7 +1,9 @@
 """The block pool: one pool of block ids for every layer group, per-sequence block tables, sliding
 windows that free what falls behind them, and prefix caching by block content hash.
 
-No torch here: block ids and tables are plain ints (docs/interfaces.md "KV cache").
+No torch here: block ids and tables are plain ints (docs/interfaces.md "KV cache"), each table mirrored
+as an int32 array that is kept in step entry by entry, so that a step's inputs copy it without a walk
+over the whole context in Python.
 
 Prefix cache. When a logical block of a sequence is full of committed tokens, it may be registered
 under the chained hash of its tokens (and of the media embedded in it). The entry keeps a reference
@@ -16,6 +18,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 FREED = -1  # a table entry whose block was freed (behind a sliding window) or never allocated
 
 
@@ -27,13 +31,48 @@ class CacheEntry:
 
 @dataclass
 class SeqBlocks:
-    """A sequence's block tables, one list per group."""
+    """A sequence's block tables, one list per group, and their int32 mirrors (`row`). Only the
+    BlockManager changes the tables."""
 
     tables: list[list[int]]
     hashes: list[bytes] = field(default_factory=list)  # chained hashes of its registered full blocks
+    # Per group: the leading entries that free_behind_windows has passed (every one of them FREED).
+    freed: list[int] = field(default_factory=list)
+    _rows: list[np.ndarray] = field(default_factory=list, repr=False)  # per group: the mirror's buffer
+    _synced: list[int] = field(default_factory=list, repr=False)  # per group: its entries in step
+
+    def __post_init__(self) -> None:
+        G = len(self.tables)
+        self.freed = self.freed or [0] * G
+        self._rows = [np.empty(0, np.int32) for _ in range(G)]
+        self._synced = [0] * G
 
     def num_blocks(self) -> int:
         return len(self.tables[0]) if self.tables else 0
+
+    def row(self, g: int) -> np.ndarray:
+        """Group g's table as int32 (a view of the mirror: copy it to keep it). Converts only the entries
+        appended since the last call."""
+        table, done = self.tables[g], self._synced[g]
+        if len(table) > len(self._rows[g]):  # grow the buffer geometrically
+            grown = np.empty(max(len(table), 2 * len(self._rows[g]), 16), np.int32)
+            grown[:done] = self._rows[g][:done]
+            self._rows[g] = grown
+        if len(table) > done:
+            self._rows[g][done : len(table)] = table[done:]
+        self._synced[g] = len(table)
+        return self._rows[g][: len(table)]
+
+    def _set_freed(self, g: int, i: int) -> None:
+        self.tables[g][i] = FREED
+        if i < self._synced[g]:
+            self._rows[g][i] = FREED
+
+    def _truncated(self) -> None:
+        """After entries were taken off the tables' ends."""
+        for g, table in enumerate(self.tables):
+            self._synced[g] = min(self._synced[g], len(table))
+            self.freed[g] = min(self.freed[g], len(table))
 
 
 def chain_hash(parent: bytes, tokens: list[int], media: bytes = b"") -> bytes:
@@ -156,10 +195,12 @@ class BlockManager:
             if not window:
                 continue
             first_needed = computed - self.window_margin - window + 1  # oldest key a future query reads
-            for i in range(min(len(seq.tables[g]), max(0, first_needed) // self.block_size)):
+            end = min(len(seq.tables[g]), max(0, first_needed) // self.block_size)
+            for i in range(seq.freed[g], end):  # from where the last call stopped: O(blocks freed now)
                 if seq.tables[g][i] != FREED:
                     self._release(seq.tables[g][i])
-                    seq.tables[g][i] = FREED
+                    seq._set_freed(g, i)
+            seq.freed[g] = max(seq.freed[g], end)
 
     def truncate(self, seq: SeqBlocks, length: int) -> None:
         """Give back the blocks past `length` tokens (after a rollback)."""
@@ -168,6 +209,7 @@ class BlockManager:
             while len(table) > want:
                 self._release(table.pop())
         del seq.hashes[want:]
+        seq._truncated()
 
     def release(self, seq: SeqBlocks) -> None:
         for table in seq.tables:
@@ -175,6 +217,7 @@ class BlockManager:
                 self._release(b)
             table.clear()
         seq.hashes.clear()
+        seq._truncated()
 
     # Prefix cache.
     def register(

@@ -54,6 +54,9 @@ class HeadWork:
 class _Blocks:
     tables: list[list[int]]
 
+    def row(self, g: int) -> np.ndarray:
+        return np.asarray(self.tables[g], dtype=np.int32)
+
 
 @dataclass
 class SeqView:
@@ -323,7 +326,7 @@ class Drafter:
                     raise RuntimeError(f"MTP head {m} reads draft {d} of a sequence that has {num_drafts[i]}")
                 hole_src[lo + r] = i * stride + d
             add_media(seq, start + m, end + m, lo, mm_rows, mm_pos)  # head m at t reads token t + m
-            blocks = seq.blocks.tables[0]
+            blocks = seq.blocks.row(0)
             table[j, : len(blocks)] = blocks
             slots[lo : lo + end - start] = slot_mapping(table[j], np.arange(start, end), bs)
         mm_embeds, mm_positions = media_splice(mm_rows, mm_pos, self.heads.splice_row, T)

@@ -392,10 +392,10 @@ class ModelRunner:
         for b, s in enumerate(batch):
             seq, lo, hi = s.seq, int(cu[b]), int(cu[b + 1])
             pos = np.arange(s.start, s.start + s.num_tokens)
-            for g, table in enumerate(seq.blocks.tables):
-                row = tables[g, b, : len(table)]
-                row[:] = table
-                slots[g, lo:hi] = slot_mapping(row, pos, bs)
+            for g in range(G):
+                table = seq.blocks.row(g)
+                tables[g, b, : len(table)] = table
+                slots[g, lo:hi] = slot_mapping(table, pos, bs)
             if input_ids is None:
                 ids[lo:hi] = fed_tokens(seq, seq.drafts[: s.num_drafts], s.start, s.num_tokens)
             add_media(seq, s.start, s.start + s.num_tokens, lo, mm_rows, mm_pos)
