@@ -82,6 +82,15 @@ def chain_hash(parent: bytes, tokens: list[int], media: bytes = b"") -> bytes:
     return h.digest()
 
 
+def peak_blocks(group_windows: list[int], block_size: int, margin: int, length: int, chunk: int) -> int:
+    """BlockManager.peak_blocks for a pool of these groups (windows; 0 is full attention)."""
+    full = -(-length // block_size)
+    return sum(
+        full if not window else min(full, -(-(window + margin + chunk) // block_size) + 1)
+        for window in group_windows
+    )
+
+
 class BlockManager:
     def __init__(
         self,
@@ -169,12 +178,7 @@ class BlockManager:
     def peak_blocks(self, length: int, chunk: int) -> int:
         """The most blocks a sequence of `length` tokens ever holds, fed in chunks of at most `chunk`
         tokens: sliding groups keep only their window, margin and one chunk."""
-        bs = self.block_size
-        total = 0
-        for window in self.group_windows:
-            full = -(-length // bs)
-            total += full if not window else min(full, -(-(window + self.window_margin + chunk) // bs) + 1)
-        return total
+        return peak_blocks(self.group_windows, self.block_size, self.window_margin, length, chunk)
 
     def can_allocate(self, seq: SeqBlocks, length: int) -> bool:
         return self.blocks_needed(seq, length) <= self.num_free()

@@ -26,7 +26,7 @@ from builder.published_network import depth_weights
 from builder.sharding import DRAFT_LM_HEAD, TensorParallel
 from inkling.processing import image_patches
 
-from .block_manager import FREED
+from .block_manager import FREED, peak_blocks
 from .device_state import DeviceState
 from .distributed import Workers
 from .drafter import Drafter, Heads, HeadWork
@@ -109,7 +109,14 @@ class ModelRunner:
         self.K1 = c.sconv_kernel_size - 1
         self.state_rows = self.K1 + bc.max_draft_len
         self.num_groups = len(self.layout["group_windows"])
-        self.num_blocks = num_blocks or self.num_groups * bc.max_batch_size * bc.max_blocks_per_seq
+        # By default, room for max_batch_size sequences at max_seq_len at once: a full group's whole table, a
+        # sliding group only its window, the drafts' margin and one prefill chunk (BlockManager.peak_blocks),
+        # not a whole table per group (at 1M tokens and 2,048-token chunks: 162 blocks, not 65,536).
+        chunk = max(self.block_size, bc.max_num_tokens // self.block_size * self.block_size)  # Scheduler's
+        per_seq = peak_blocks(
+            self.layout["group_windows"], self.block_size, bc.max_draft_len, bc.max_seq_len, chunk
+        )
+        self.num_blocks = num_blocks or bc.max_batch_size * per_seq
         # Sorted: torch.compile's graph takes the weights in the dict's order, and its compiler cache keys
         # on that order, so the build (weights in memory) and a load (safetensors' order) must agree.
         weights = {k: engine.weights[k].to(self.device) for k in sorted(engine.weights)}

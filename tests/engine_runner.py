@@ -22,7 +22,12 @@ class Prompt:
 
 class EngineRunner:
     def __init__(self, engine: Engine, compile: bool | None = None, device: str | None = None):
-        self.runner = ModelRunner(engine, device=device, cuda_graphs=False, compile=compile)
+        # Every (group, sequence) owns a whole table's blocks (`_first_block`): a pool of that size.
+        bc = engine.build_config
+        num_blocks = (
+            len(engine.config["cache_layout"]["group_windows"]) * bc.max_batch_size * bc.max_blocks_per_seq
+        )
+        self.runner = ModelRunner(engine, num_blocks, device=device, cuda_graphs=False, compile=compile)
         self.engine, self.config, self.build = engine, engine.model_config, engine.build_config
         self.device, self.dtype = self.runner.device, self.runner.dtype
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from runtime.block_manager import FREED, BlockManager
+from runtime.block_manager import FREED, BlockManager, peak_blocks
 
 
 def manager(num_blocks=24, windows=(0, 32)):
@@ -144,3 +144,27 @@ def test_host_block_work_per_decode_step_does_not_grow_with_context():
     short = min(decode_step_seconds(4096) for _ in range(3))
     long = min(decode_step_seconds(262144) for _ in range(3))
     assert long < 3 * short + 20e-6, (short, long)
+
+
+def test_default_pool_holds_a_full_batch_at_max_seq_len():
+    """ModelRunner's default pool (max_batch_size x peak_blocks at max_seq_len) is enough for that many
+    sequences fed in chunks and decoded to the end at once, a full group and two sliding ones, and is
+    far below a whole table per group at long context."""
+    windows, margin, bs, batch = [0, 64, 64], 3, 16, 4
+    max_seq_len, chunk = 2048, 128
+    per_seq = peak_blocks(windows, bs, margin, max_seq_len, chunk)
+    assert per_seq == 128 + 2 * (-(-(64 + 3 + 128) // 16) + 1) < 3 * 128
+    assert peak_blocks([0, 512], 16, 8, 1 << 20, 2048) == 65536 + 162
+    bm = BlockManager(batch * per_seq, bs, windows, window_margin=margin)
+    seqs = [bm.new_sequence() for _ in range(batch)]
+    prompt = 1000
+    for start in range(0, prompt, chunk):  # chunked prefill, the sequences interleaved
+        for seq in seqs:
+            end = min(prompt, start + chunk)
+            bm.allocate(seq, end)
+            bm.free_behind_windows(seq, end)
+    for n in range(prompt + 1, max_seq_len + 1):  # decode, each step with a draft margin's room
+        for seq in seqs:
+            bm.allocate(seq, min(max_seq_len, n + margin))
+            bm.free_behind_windows(seq, n)
+    assert all(len(s.tables[0]) == max_seq_len // bs for s in seqs)
