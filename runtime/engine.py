@@ -79,6 +79,7 @@ class LLMEngine:
             self.runner.num_snapshots,
         )
         self.scheduler = Scheduler(self.blocks, bc.max_batch_size, bc.max_num_tokens)
+        log.info("%s", self.capacity())
         self.prefix = PrefixCache(self.blocks, self.runner, bc.max_draft_len)
         self.spec = SpeculativeDecoder(self.runner, self.blocks, bc.max_draft_len, self.num_real_tokens)
         self.stats = EngineStats()
@@ -352,6 +353,21 @@ class LLMEngine:
             state.detok = self.outputs.new_detokenizer()
             state.detok.add(list(seq.output_ids))
             state.emitted = state.stop_checked = min(state.emitted, len(state.detok.text))
+
+    def capacity(self) -> str:
+        """What the caches hold, said at start-up: the block pool and its bytes (the MTP depths' apart),
+        and how many sequences of max_seq_len it serves at once (a request that can never fit is refused
+        at admission; one that cannot fit now waits, or preempts a running one)."""
+        state, bc = self.runner.state, self.build
+        gib = lambda ts: sum(t.numel() * t.element_size() for t in ts) / 2**30
+        main = gib([*state.key_caches, *state.value_caches])
+        heads = gib([*state.head_key_caches, *state.head_value_caches])
+        per_seq = self.blocks.peak_blocks(bc.max_seq_len, self.scheduler.chunk_size)
+        return (
+            f"KV cache: {self.blocks.num_blocks} blocks of {bc.tokens_per_block} tokens, {main:.2f} GiB "
+            f"(+ {heads:.2f} GiB for {self.runner.num_heads} MTP depths); {self.blocks.num_blocks // per_seq} "
+            f"sequences of max_seq_len {bc.max_seq_len} at once ({per_seq} blocks each)"
+        )
 
     # Metrics.
     @property

@@ -215,3 +215,23 @@ def test_soak_random_requests_and_cancellations(llm):
     assert usage["running"] == usage["waiting"] == 0
     assert usage["free_blocks"] + usage["evictable_blocks"] == usage["total_blocks"]
     assert sorted(eng.scheduler.free_slots) == list(range(SMALL["max_batch_size"]))
+
+
+def test_engine_says_its_cache_capacity_at_start_up(engine_f32, caplog):
+    """At start-up the engine logs its block pool, its bytes and the sequences of max_seq_len it serves at
+    once; the default pool serves a whole batch of them."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="runtime.engine"):
+        llm = LLM(engine_f32[1])
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache:")]
+    eng, bc = llm.engine, llm.engine.build
+    per_seq = eng.blocks.peak_blocks(bc.max_seq_len, eng.scheduler.chunk_size)
+    at_once = eng.blocks.num_blocks // per_seq
+    assert f"{eng.blocks.num_blocks} blocks of {bc.tokens_per_block} tokens" in line
+    assert f"{at_once} sequences of max_seq_len {bc.max_seq_len} at once ({per_seq} blocks each)" in line
+    assert at_once >= bc.max_batch_size
+    kv = sum(
+        t.numel() * t.element_size() for t in [*eng.runner.state.key_caches, *eng.runner.state.value_caches]
+    )
+    assert f"{kv / 2**30:.2f} GiB" in line
