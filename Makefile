@@ -18,7 +18,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 
-.PHONY: venv test lint unit test-slow test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-serving train train-published bench-needle bench-acceptance clean
+.PHONY: venv test lint unit test-slow test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-long-context bench-serving train train-published bench-needle bench-acceptance clean
 
 venv: $(STAMP)
 
@@ -99,6 +99,11 @@ bench-decode: $(STAMP)
 bench-mtp: $(STAMP)
 	$(PY) -m bench.e2e $(BENCH_ARGS) --num_draft_tokens 3 --fixed_drafts \
 		--tune_max_tokens 256 --decode_budget_s 30 --temperature 1 --out $(BENCH_DIR)/mtp
+
+# The long path on inkling-bench (one GPU, at most ten minutes): first tokens and inter-token latency at 8K,
+# 128K, 256K and 1M against their bounds, a short request beside a 256K prompt, 4 users at 256K.
+bench-long-context: $(STAMP)
+	$(PY) -m bench.long_context --out $(BENCH_DIR)/long_context
 
 # AIPerf (NVIDIA's load generator) lives in a venv of its own: it brings 1.2 GB of dependencies the
 # project does not need.

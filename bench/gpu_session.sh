@@ -14,6 +14,8 @@
 #     bash bench/gpu_session.sh serving       # 1 GPU: Triton and the OpenAI API against in-process on the real
 #                                             #   Inkling's tiny engine; needs .carry/ (bash bench/make_carry.sh on
 #                                             #   the CPU, then the call's carry [".carry"])
+#     bash bench/gpu_session.sh long-context  # 1 GPU: bench.long_context on inkling-bench (8K..1M, a
+#                                             #   neighbour beside a 256K prompt, 4 users at 256K)
 #     bash bench/gpu_session.sh load          # 1 GPU: engine load times in fresh processes (bench.load)
 #     bash bench/gpu_session.sh train         # 1 GPU: retrain data/inkling-small (make train)
 #     bash bench/gpu_session.sh train-published  # 1 GPU: train data/inkling-small-published, the real
@@ -165,6 +167,10 @@ kernel-tests)
 bench-decode | bench-mtp | bench-peers)
     run "$1" 580 make GPU=1 "$1" BENCH_DIR="$OUT/bench"
     pack "$1"
+    ;;
+long-context)
+    run long_context 585 python3 -m bench.long_context --out "$OUT/long_context"
+    pack long-context
     ;;
 profile)
     run e2e 400 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 64 \

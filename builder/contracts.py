@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.export import Dim
 
 ROLES = ("tokens", "seqs", "logits", "cu", "seq_lens", "q_bound", "mm_embeds", "mm_positions")
 
@@ -167,9 +168,12 @@ class ProgramContract:
             elif isinstance(example[name], dict):
                 out[name] = {k: None for k in example[name]}
             elif isinstance(example[name], (list, tuple)):
-                out[name] = [({d: dims[n] for d, n in fixed.each.items()} if fixed.each else None)] * len(
-                    example[name]
-                )
+                # Each element's dimensions are its own (the real Inkling's full and sliding caches hold
+                # different numbers of blocks), bounded as the contract's name says.
+                out[name] = [
+                    {d: _own_dim(dims[n], f"{n}_{j}") for d, n in fixed.each.items()} if fixed.each else None
+                    for j in range(len(example[name]))
+                ]
             else:
                 out[name] = {d: dims[n] for d, n in (fixed.dynamic or {}).items()} or None
         return out
@@ -202,6 +206,11 @@ class ProgramContract:
             mm_embeds=single["mm_embeds"], mm_positions=single["mm_positions"], outputs=self.outputs,
             logits=single.get("logits"),
         )  # fmt: skip
+
+
+def _own_dim(dim: Any, name: str) -> Any:
+    """A torch.export Dim named `name` with `dim`'s bounds."""
+    return Dim(name, min=dim.min, max=dim.max)
 
 
 NUM_BLOCKS = {0: "num_blocks"}

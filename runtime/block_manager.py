@@ -5,6 +5,11 @@ No torch here: block ids and tables are plain ints (docs/interfaces.md "KV cache
 as an int32 array that is kept in step entry by entry, so that a step's inputs copy it without a walk
 over the whole context in Python.
 
+Pools. Each group draws its blocks from one pool, a range of block ids of its own: the real Inkling's
+full-attention groups from the first, its sliding groups from the second. Each pool's caches hold that
+pool's blocks alone, indexed by ids within the pool (`SeqBlocks.row`): a full layer's cache and each MTP
+depth's (which group 0's ids index) are sized to the full groups' need, a sliding layer's to the windows'.
+
 Prefix cache. When a logical block of a sequence is full of committed tokens, it may be registered
 under the chained hash of its tokens (and of the media embedded in it). The entry keeps a reference
 on that block's physical block in every group, so the KV survives the sequence; an entry whose end
@@ -14,6 +19,7 @@ least recently used first when the pool runs dry.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -32,9 +38,11 @@ class CacheEntry:
 @dataclass
 class SeqBlocks:
     """A sequence's block tables, one list per group, and their int32 mirrors (`row`). Only the
-    BlockManager changes the tables."""
+    BlockManager changes the tables. The tables hold block ids; the mirrors the ids within each group's
+    pool (id - offsets[g]), which index that pool's caches."""
 
     tables: list[list[int]]
+    offsets: list[int] = field(default_factory=list)  # per group: its pool's first block id
     hashes: list[bytes] = field(default_factory=list)  # chained hashes of its registered full blocks
     # Per group: the leading entries that free_behind_windows has passed (every one of them FREED).
     freed: list[int] = field(default_factory=list)
@@ -43,6 +51,7 @@ class SeqBlocks:
 
     def __post_init__(self) -> None:
         G = len(self.tables)
+        self.offsets = self.offsets or [0] * G
         self.freed = self.freed or [0] * G
         self._rows = [np.empty(0, np.int32) for _ in range(G)]
         self._synced = [0] * G
@@ -51,15 +60,18 @@ class SeqBlocks:
         return len(self.tables[0]) if self.tables else 0
 
     def row(self, g: int) -> np.ndarray:
-        """Group g's table as int32 (a view of the mirror: copy it to keep it). Converts only the entries
-        appended since the last call."""
+        """Group g's table as int32 ids within its pool (a view of the mirror: copy it to keep it). Converts
+        only the entries appended since the last call."""
         table, done = self.tables[g], self._synced[g]
         if len(table) > len(self._rows[g]):  # grow the buffer geometrically
             grown = np.empty(max(len(table), 2 * len(self._rows[g]), 16), np.int32)
             grown[:done] = self._rows[g][:done]
             self._rows[g] = grown
         if len(table) > done:
-            self._rows[g][done : len(table)] = table[done:]
+            new = self._rows[g][done : len(table)]
+            new[:] = table[done:]
+            if self.offsets[g]:
+                new[new != FREED] -= self.offsets[g]
         self._synced[g] = len(table)
         return self._rows[g][: len(table)]
 
@@ -82,13 +94,25 @@ def chain_hash(parent: bytes, tokens: list[int], media: bytes = b"") -> bytes:
     return h.digest()
 
 
-def peak_blocks(group_windows: list[int], block_size: int, margin: int, length: int, chunk: int) -> int:
-    """BlockManager.peak_blocks for a pool of these groups (windows; 0 is full attention)."""
+def group_peaks(group_windows: list[int], block_size: int, margin: int, length: int, chunk: int) -> list[int]:
+    """Per group (windows; 0 is full attention): the most blocks a sequence of `length` tokens, fed in
+    chunks of at most `chunk`, ever holds there (BlockManager.peak_blocks)."""
     full = -(-length // block_size)
-    return sum(
+    return [
         full if not window else min(full, -(-(window + margin + chunk) // block_size) + 1)
         for window in group_windows
-    )
+    ]
+
+
+def peak_blocks(group_windows: list[int], block_size: int, margin: int, length: int, chunk: int) -> int:
+    """BlockManager.peak_blocks for a pool of these groups."""
+    return sum(group_peaks(group_windows, block_size, margin, length, chunk))
+
+
+def kind_pools(group_windows: list[int]) -> list[int]:
+    """The pool of each group by attention kind: group 0's kind is pool 0, the other kind pool 1."""
+    first = bool(group_windows[0]) if group_windows else False
+    return [int(bool(w) != first) for w in group_windows]
 
 
 class BlockManager:
@@ -99,25 +123,40 @@ class BlockManager:
         group_windows: list[int],
         window_margin: int,
         num_snapshots: int | None = None,
+        group_pools: list[int] | None = None,
+        pool_sizes: list[int] | None = None,
     ):
         """group_windows[g]: 0 for full attention, W for sliding; window_margin: tokens a sequence may be
         rolled back by (max_draft_len), kept beyond the window; num_snapshots: sconv snapshot slots for
-        restore points (default one per block)."""
-        if num_blocks < len(group_windows):
+        restore points (default one per block). group_pools[g]: the pool group g draws from (default: one
+        pool); pool_sizes: each pool's blocks, summing to num_blocks: pool p owns the ids from
+        sum(pool_sizes[:p]) on."""
+        self.group_pools = list(group_pools) if group_pools is not None else [0] * len(group_windows)
+        self.pool_sizes = list(pool_sizes) if pool_sizes is not None else [num_blocks]
+        if len(self.group_pools) != len(group_windows) or sum(self.pool_sizes) != num_blocks:
             raise ValueError(
-                f"{num_blocks} blocks cannot hold one block per layer group ({len(group_windows)})"
+                f"pools {self.pool_sizes} of groups {self.group_pools} do not split {num_blocks} blocks "
+                f"among {len(group_windows)} groups"
             )
+        for p, size in enumerate(self.pool_sizes):
+            groups = self.group_pools.count(p)
+            if size < groups:
+                raise ValueError(f"{size} blocks cannot hold one block per layer group ({groups})")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.group_windows = list(group_windows)
         self.window_margin = window_margin
-        self.free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.pool_start = [sum(self.pool_sizes[:p]) for p in range(len(self.pool_sizes))]
+        self.pool_free: list[list[int]] = [
+            list(range(start + size - 1, start - 1, -1))
+            for start, size in zip(self.pool_start, self.pool_sizes)
+        ]
         self.ref = [0] * num_blocks
         self.cache: OrderedDict[bytes, CacheEntry] = OrderedDict()  # LRU order: oldest first
         num_snapshots = num_blocks if num_snapshots is None else num_snapshots
         self.snapshots_free: list[int] = list(range(num_snapshots - 1, -1, -1))
         self.cached_blocks: set[int] = set()  # blocks some cache entry holds
-        self.num_evictable = 0  # of those, the ones only an entry holds (ref == 1)
+        self.evictable = [0] * len(self.pool_sizes)  # per pool: cached blocks only an entry holds (ref 1)
         # prefix_query_tokens: the prompt tokens looked up in the prefix cache (PrefixCache.lookup)
         self.stats = {"prefix_hits": 0, "prefix_hit_tokens": 0, "prefix_query_tokens": 0, "evictions": 0}
 
@@ -126,21 +165,36 @@ class BlockManager:
     def num_groups(self) -> int:
         return len(self.group_windows)
 
-    def num_free(self) -> int:
-        """Blocks free now, plus blocks held only by cache entries (evictable)."""
-        return len(self.free) + self.num_evictable
+    @property
+    def free(self) -> list[int]:
+        """Every free block id, all pools."""
+        return [b for free in self.pool_free for b in free]
+
+    @property
+    def num_evictable(self) -> int:
+        return sum(self.evictable)
+
+    def _pool_of(self, b: int) -> int:
+        return bisect.bisect_right(self.pool_start, b) - 1
+
+    def num_free(self, pool: int | None = None) -> int:
+        """Blocks free now, plus blocks held only by cache entries (evictable): of one pool, or of all."""
+        if pool is None:
+            return sum(map(len, self.pool_free)) + self.num_evictable
+        return len(self.pool_free[pool]) + self.evictable[pool]
 
     def _incref(self, b: int) -> None:
         if b in self.cached_blocks and self.ref[b] == 1:
-            self.num_evictable -= 1
+            self.evictable[self._pool_of(b)] -= 1
         self.ref[b] += 1
 
-    def _take(self) -> int:
-        while not self.free and self.cache:
+    def _take(self, pool: int) -> int:
+        free = self.pool_free[pool]
+        while not free and self.cache:
             self._evict_one()
-        if not self.free:
-            raise MemoryError("block pool exhausted")
-        b = self.free.pop()
+        if not free:
+            raise MemoryError(f"block pool {pool} exhausted")
+        b = free.pop()
         self.ref[b] = 1
         return b
 
@@ -149,18 +203,18 @@ class BlockManager:
             return
         self.ref[b] -= 1
         if self.ref[b] == 0:
-            self.free.append(b)
+            self.pool_free[self._pool_of(b)].append(b)
         elif self.ref[b] < 0:
             raise RuntimeError(f"block {b} released twice")
         elif self.ref[b] == 1 and b in self.cached_blocks:
-            self.num_evictable += 1
+            self.evictable[self._pool_of(b)] += 1
 
     def _evict_one(self) -> None:
         _, entry = self.cache.popitem(last=False)
         for b in entry.blocks:
             self.cached_blocks.discard(b)
             if self.ref[b] == 1:
-                self.num_evictable -= 1
+                self.evictable[self._pool_of(b)] -= 1
             self._release(b)
         if entry.snapshot is not None:
             self.snapshots_free.append(entry.snapshot)
@@ -168,30 +222,50 @@ class BlockManager:
 
     # Sequences.
     def new_sequence(self) -> SeqBlocks:
-        return SeqBlocks([[] for _ in self.group_windows])
+        return SeqBlocks([[] for _ in self.group_windows], [self.pool_start[p] for p in self.group_pools])
 
-    def blocks_needed(self, seq: SeqBlocks, length: int) -> int:
-        """Physical blocks to allocate so that `seq` holds `length` tokens."""
-        want = -(-length // self.block_size)
-        return max(0, want - seq.num_blocks()) * self.num_groups
+    def blocks_needed(self, seq: SeqBlocks, length: int) -> list[int]:
+        """Per pool: physical blocks to allocate so that `seq` holds `length` tokens."""
+        grow = max(0, -(-length // self.block_size) - seq.num_blocks())
+        need = [0] * len(self.pool_sizes)
+        for p in self.group_pools:
+            need[p] += grow
+        return need
 
     def peak_blocks(self, length: int, chunk: int) -> int:
         """The most blocks a sequence of `length` tokens ever holds, fed in chunks of at most `chunk`
         tokens: sliding groups keep only their window, margin and one chunk."""
-        return peak_blocks(self.group_windows, self.block_size, self.window_margin, length, chunk)
+        return sum(self.pool_peaks(length, chunk))
+
+    def pool_peaks(self, length: int, chunk: int) -> list[int]:
+        """peak_blocks per pool."""
+        peaks = [0] * len(self.pool_sizes)
+        for p, n in zip(
+            self.group_pools,
+            group_peaks(self.group_windows, self.block_size, self.window_margin, length, chunk),
+        ):
+            peaks[p] += n
+        return peaks
+
+    def sequences_at_once(self, length: int, chunk: int) -> int:
+        """How many sequences of `length` tokens the pools hold at their peaks together."""
+        return min(
+            size // peak for size, peak in zip(self.pool_sizes, self.pool_peaks(length, chunk)) if peak
+        )
 
     def can_allocate(self, seq: SeqBlocks, length: int) -> bool:
-        return self.blocks_needed(seq, length) <= self.num_free()
+        return all(n <= self.num_free(p) for p, n in enumerate(self.blocks_needed(seq, length)))
 
     def allocate(self, seq: SeqBlocks, length: int) -> None:
         """Grow every group's table to cover `length` tokens (all or nothing)."""
         need = self.blocks_needed(seq, length)
-        if need > self.num_free():
-            raise MemoryError(f"need {need} blocks, {self.num_free()} free")
+        if not self.can_allocate(seq, length):
+            free = [self.num_free(p) for p in range(len(need))]
+            raise MemoryError(f"need {need} blocks per pool, {free} free")
         want = -(-length // self.block_size)
-        for table in seq.tables:
+        for table, pool in zip(seq.tables, self.group_pools):
             while len(table) < want:
-                table.append(self._take())
+                table.append(self._take(pool))
 
     def free_behind_windows(self, seq: SeqBlocks, computed: int) -> None:
         """Sliding groups drop blocks that no future query (rollback margin included) can reach."""
@@ -277,10 +351,11 @@ class BlockManager:
         self.stats["prefix_hit_tokens"] += len(entries) * self.block_size
 
     def usage(self) -> dict[str, int]:
-        used = self.num_blocks - len(self.free)
+        free = sum(map(len, self.pool_free))
+        used = self.num_blocks - free
         return {
             "total_blocks": self.num_blocks,
-            "free_blocks": len(self.free),
+            "free_blocks": free,
             "used_blocks": used,
             "cached_entries": len(self.cache),
             "evictable_blocks": self.num_evictable,

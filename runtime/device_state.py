@@ -75,26 +75,36 @@ class DeviceState:
 
     @classmethod
     def allocate_published(
-        cls, layout: dict, build: BuildConfig, num_blocks: int, device: torch.device, dtype: torch.dtype
+        cls,
+        layout: dict,
+        build: BuildConfig,
+        num_blocks: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        cache_blocks: list[int] | None = None,
+        head_blocks: int | None = None,
     ) -> DeviceState:
         """The real Inkling's state (builder/published_build.py `cache_layout`): each cache with its kind's
-        KV heads (full and sliding layers differ), sconv states and snapshots in float32 as transformers
+        KV heads (full and sliding layers differ) and cache_blocks[i] blocks (default num_blocks: its
+        kind's pool, runtime/block_manager.py), sconv states and snapshots in float32 as transformers
         keeps them; each built MTP depth's KV cache (its kind's KV heads, indexed by the block ids of
-        group 0) and its four sconv states."""
+        group 0: head_blocks of them, default num_blocks) and its four sconv states."""
         rows, slots, K1 = layout_rows(layout, build), build.max_batch_size, layout_k1(layout)
         f32 = dict(dtype=torch.float32, device=device)
+        sizes = cache_blocks or [num_blocks] * len(layout["cache_kv_heads"])
 
         def kv() -> list[torch.Tensor]:
-            shapes = zip(layout["cache_kv_heads"], layout["cache_head_dims"])
+            shapes = zip(sizes, layout["cache_kv_heads"], layout["cache_head_dims"])
             return [
-                torch.zeros(num_blocks, build.tokens_per_block, h, d, dtype=dtype, device=device)
-                for h, d in shapes
+                torch.zeros(n, build.tokens_per_block, h, d, dtype=dtype, device=device) for n, h, d in shapes
             ]
 
         def head_kv() -> list[torch.Tensor]:
             shapes = zip(layout.get("mtp_kv_heads", []), layout.get("mtp_head_dims", []))
             return [
-                torch.zeros(num_blocks, build.tokens_per_block, h, d, dtype=dtype, device=device)
+                torch.zeros(
+                    head_blocks or num_blocks, build.tokens_per_block, h, d, dtype=dtype, device=device
+                )
                 for h, d in shapes
             ]
 

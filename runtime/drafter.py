@@ -81,7 +81,7 @@ class SeqView:
         embeds = seq.mm_embeds[rows].cpu() if rows else None
         return cls(
             seq.slot, list(seq.head_computed), len(seq), base, seq.token_range(base, len(seq)),
-            _Blocks([list(seq.blocks.tables[0])]), [seq.mm_positions[r] for r in rows], embeds,
+            _Blocks([seq.blocks.row(0).tolist()]), [seq.mm_positions[r] for r in rows], embeds,
         )  # fmt: skip
 
     def __len__(self) -> int:

@@ -54,6 +54,7 @@ class LLMEngine:
         pad_eager: bool = False,
         overlap: bool | None = None,
         compile: bool | None = None,
+        max_prefill_pairs: int | None = None,
     ):
         """workers: the other ranks of a tensor-parallel engine (runtime/distributed.py; LLM starts them).
         cuda_graphs: decode/verify steps and MTP head passes replay CUDA graphs per batch bucket (CUDA
@@ -61,7 +62,9 @@ class LLMEngine:
         pad_eager (tests): the same padding to the buckets, run eager (runtime/step_graphs.py).
         overlap: launch the next decode step before the host has the current one's tokens, where that
         step is certain (see `step`); None: on for a one-rank CUDA engine (tensor-parallel: opt in).
-        compile: torch.compile the programs (None: as the engine was built)."""
+        compile: torch.compile the programs (None: as the engine was built).
+        max_prefill_pairs: beside decoding sequences, a prefill chunk's tokens x (context + tokens) stay
+        within this (runtime/scheduler.py), bounding their inter-token latency while a long prompt fills."""
         self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager, compile)
         # Tensor-parallel ranks opt in (the picks reach the other ranks by a broadcast) until that path has
         # run on GPUs.
@@ -77,8 +80,12 @@ class LLMEngine:
             engine.config["cache_layout"]["group_windows"],
             bc.max_draft_len,
             self.runner.num_snapshots,
+            self.runner.group_pools,
+            self.runner.pool_sizes,
         )
-        self.scheduler = Scheduler(self.blocks, bc.max_batch_size, bc.max_num_tokens)
+        self.scheduler = Scheduler(
+            self.blocks, bc.max_batch_size, bc.max_num_tokens, max_prefill_pairs=max_prefill_pairs
+        )
         log.info("%s", self.capacity())
         self.prefix = PrefixCache(self.blocks, self.runner, bc.max_draft_len)
         self.spec = SpeculativeDecoder(self.runner, self.blocks, bc.max_draft_len, self.num_real_tokens)
@@ -363,9 +370,15 @@ class LLMEngine:
         main = gib([*state.key_caches, *state.value_caches])
         heads = gib([*state.head_key_caches, *state.head_value_caches])
         per_seq = self.blocks.peak_blocks(bc.max_seq_len, self.scheduler.chunk_size)
+        at_once = self.blocks.sequences_at_once(bc.max_seq_len, self.scheduler.chunk_size)
+        pools = (
+            ""
+            if len(self.blocks.pool_sizes) == 1
+            else f" ({'+'.join(map(str, self.blocks.pool_sizes))} by kind)"
+        )
         return (
-            f"KV cache: {self.blocks.num_blocks} blocks of {bc.tokens_per_block} tokens, {main:.2f} GiB "
-            f"(+ {heads:.2f} GiB for {self.runner.num_heads} MTP depths); {self.blocks.num_blocks // per_seq} "
+            f"KV cache: {self.blocks.num_blocks} blocks{pools} of {bc.tokens_per_block} tokens, {main:.2f} GiB "
+            f"(+ {heads:.2f} GiB for {self.runner.num_heads} MTP depths); {at_once} "
             f"sequences of max_seq_len {bc.max_seq_len} at once ({per_seq} blocks each)"
         )
 

@@ -59,6 +59,7 @@ class LLM:
         cuda_graphs: bool | None = None,
         pad_eager: bool = False,
         overlap: bool | None = None,
+        max_prefill_pairs: int | None = None,
     ):
         """engine: a directory, or an Engine in memory (one rank only). A tensor-parallel engine (tp_size N)
         is loaded here as rank 0, and its other N-1 ranks are started as worker processes (stop them with
@@ -67,7 +68,8 @@ class LLM:
         default): on for a one-rank CUDA engine with the Triton plugins, off otherwise
         (runtime.model_runner.default_cuda_graphs). pad_eager (tests): the same buckets and padding, run eagerly (runtime/step_graphs.py).
         overlap: launch each decode step before the host has read the previous one's tokens
-        (LLMEngine.step); None: on for a one-rank CUDA engine."""
+        (LLMEngine.step); None: on for a one-rank CUDA engine. max_prefill_pairs: a prefill chunk beside
+        decoding sequences keeps tokens x (context + tokens) within it (runtime/scheduler.py)."""
         self.workers = None
         if isinstance(engine, Engine):
             if engine.tp_size > 1:
@@ -89,7 +91,7 @@ class LLM:
                 raise
         self.engine = LLMEngine(
             engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs, pad_eager=pad_eager,
-            overlap=overlap,
+            overlap=overlap, max_prefill_pairs=max_prefill_pairs,
         )  # fmt: skip
         self.processor = self.chat_renderer = None
         if self.engine.tokenizer and engine.is_published:

@@ -26,7 +26,7 @@ from builder.published_network import depth_weights
 from builder.sharding import DRAFT_LM_HEAD, TensorParallel
 from inkling.processing import image_patches
 
-from .block_manager import FREED, peak_blocks
+from .block_manager import FREED, group_peaks, kind_pools
 from .device_state import DeviceState
 from .distributed import Workers
 from .drafter import Drafter, Heads, HeadWork
@@ -113,10 +113,18 @@ class ModelRunner:
         # sliding group only its window, the drafts' margin and one prefill chunk (BlockManager.peak_blocks),
         # not a whole table per group (at 1M tokens and 2,048-token chunks: 162 blocks, not 65,536).
         chunk = max(self.block_size, bc.max_num_tokens // self.block_size * self.block_size)  # Scheduler's
-        per_seq = peak_blocks(
-            self.layout["group_windows"], self.block_size, bc.max_draft_len, bc.max_seq_len, chunk
-        )
-        self.num_blocks = num_blocks or bc.max_batch_size * per_seq
+        windows = self.layout["group_windows"]
+        per_group = group_peaks(windows, self.block_size, bc.max_draft_len, bc.max_seq_len, chunk)
+        self.num_blocks = num_blocks or bc.max_batch_size * sum(per_group)
+        # The real Inkling's groups draw from a pool per attention kind (runtime/block_manager.py), so the
+        # MTP depths' caches, indexed by group 0's ids, hold group 0's range alone.
+        # A num_blocks given by the caller is one pool that the kinds share, as sized.
+        pooled = engine.is_published and not num_blocks
+        self.group_pools = kind_pools(windows) if pooled else [0] * len(windows)
+        self.pool_sizes = [
+            bc.max_batch_size * sum(n for n, p in zip(per_group, self.group_pools) if p == q)
+            for q in range(max(self.group_pools) + 1)
+        ] if pooled else [self.num_blocks]  # fmt: skip
         # Sorted: torch.compile's graph takes the weights in the dict's order, and its compiler cache keys
         # on that order, so the build (weights in memory) and a load (safetensors' order) must agree.
         weights = {k: engine.weights[k].to(self.device) for k in sorted(engine.weights)}
@@ -146,8 +154,9 @@ class ModelRunner:
             )
         if engine.is_published:
             self.state = DeviceState.allocate_published(
-                self.layout, bc, self.num_blocks, self.device, self.dtype
-            )
+                self.layout, bc, self.num_blocks, self.device, self.dtype,
+                cache_blocks=self._cache_blocks(), head_blocks=self.pool_sizes[0],
+            )  # fmt: skip
         else:
             self.state = DeviceState.allocate(
                 c,
@@ -377,6 +386,15 @@ class ModelRunner:
             inputs, weights=self.weights, key_caches=self.key_caches, value_caches=self.value_caches,
             conv_states=self.conv_states,
         )  # fmt: skip
+
+    def _cache_blocks(self) -> list[int]:
+        """The real Inkling's caches' blocks: each kind's pool (`key_caches` lists pool_size full caches,
+        then pool_size sliding ones); a kind without layers keeps the two blocks the programs' shapes
+        need."""
+        windows = self.layout["group_windows"]
+        of_kind = {bool(w): self.pool_sizes[p] for w, p in zip(windows, self.group_pools)}
+        g = len(self.layout["cache_kv_heads"]) // 2
+        return [max(2, of_kind.get(False, 0))] * g + [max(2, of_kind.get(True, 0))] * g
 
     def to_device(self, x: torch.Tensor) -> torch.Tensor:
         """A host tensor on the runner's device, copied from pinned memory (a copy from pageable memory

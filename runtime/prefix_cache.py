@@ -42,6 +42,9 @@ class PrefixCache:
         if n:
             self.blocks.adopt(seq.blocks, keys[:n], entries[:n])
             seq.num_computed = n * bs
+            # Sliding groups keep only what a future query reaches: a long cached prefix must not hold
+            # more of their blocks than a fresh prefill would (their pool is sized for the windows).
+            self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
             seq.restore_snapshot = entries[n - 1].snapshot
 
     def register(self, seq: Sequence) -> None:

@@ -62,9 +62,12 @@ class Admission:
         if min(ids) < 0 or max(ids) >= c.vocab_size:
             raise ValueError(f"token ids must lie in [0, {c.vocab_size})")
         # The scheduler's chunk size is read now: it may change after the engine starts.
-        need = self.blocks.peak_blocks(len(ids) + params.max_tokens, min(self.scheduler.chunk_size, len(ids)))
-        if need > self.blocks.num_blocks:
-            raise ValueError(f"request needs {need} cache blocks, the pool has {self.blocks.num_blocks}")
+        need = self.blocks.pool_peaks(len(ids) + params.max_tokens, min(self.scheduler.chunk_size, len(ids)))
+        if any(n > size for n, size in zip(need, self.blocks.pool_sizes)):
+            raise ValueError(
+                f"request needs {sum(need)} cache blocks ({'+'.join(map(str, need))} by pool), the pool has "
+                f"{self.blocks.num_blocks} ({'+'.join(map(str, self.blocks.pool_sizes))})"
+            )
         m = 0 if prompt.mm_positions is None else len(prompt.mm_positions)
         if m != (0 if prompt.mm_embeds is None else prompt.mm_embeds.shape[0]):
             raise ValueError("mm_embeds and mm_positions disagree in length")

@@ -1,7 +1,11 @@
 """Continuous batching under a token budget with chunked prefill; preemption by recomputation.
 
 Each step: running sequences that decode take one token each; then sequences still prefilling, then
-waiting ones, take chunks of what is left of `max_num_tokens`. When blocks run out, the newest
+waiting ones, take chunks of what is left of `max_num_tokens`. A chunk's attention grows with its
+context (its tokens times the keys before them): with `max_prefill_pairs` set, a chunk that shares its
+step with decoding sequences is cut so that tokens x (context + tokens) stays within it, so a long
+prompt's chunks near 1M tokens do not stretch their neighbours' steps to seconds; alone, it takes whole
+chunks. When blocks run out, the newest
 running sequence is preempted (its blocks freed, its tokens recomputed later); a request never fails
 for lack of memory unless it could not fit in an empty pool, which is refused when it arrives.
 A sequence isolated after a failed step (LLMEngine) is scheduled alone until it has recomputed past the
@@ -10,6 +14,7 @@ point where the batch failed: a request that fails again there, alone, is the on
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -36,9 +41,17 @@ class ScheduledSeq:
 
 class Scheduler:
     def __init__(
-        self, blocks: BlockManager, max_batch_size: int, max_num_tokens: int, chunk_size: int | None = None
+        self,
+        blocks: BlockManager,
+        max_batch_size: int,
+        max_num_tokens: int,
+        chunk_size: int | None = None,
+        max_prefill_pairs: int | None = None,
     ) -> None:
+        """max_prefill_pairs: query-key pairs a prefill chunk may have while other sequences decode in its
+        step (None: no limit); it never goes below one block a step."""
         self.blocks = blocks
+        self.max_prefill_pairs = max_prefill_pairs
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
         # Prefill chunks end on block boundaries where possible, so their ends are prefix-cache
@@ -88,6 +101,7 @@ class Scheduler:
                 s.num_tokens, s.num_drafts = 1 + k, k
                 budget -= k
         # 2. Prefill chunks of running sequences, then of waiting ones.
+        decoding = bool(out)
         for seq in sorted(self.running, key=lambda s: s.arrival):
             if (
                 budget == 0
@@ -97,7 +111,7 @@ class Scheduler:
                 or not _may_run(seq, alone)
             ):
                 continue
-            n = self._chunk(seq, budget)
+            n = self._chunk(seq, budget, decoding)
             if self._reserve(seq, seq.num_computed + n, out):
                 out.append(ScheduledSeq(seq, seq.num_computed, n))
                 budget -= n
@@ -108,7 +122,16 @@ class Scheduler:
             seq.blocks = self.blocks.new_sequence()
             if on_admit is not None:
                 on_admit(seq)
-            n = self._chunk(seq, budget)
+            n = self._chunk(seq, budget, decoding)
+            if (
+                seq.num_computed
+                and not self.running
+                and not self.blocks.can_allocate(seq.blocks, seq.num_computed + n)
+            ):
+                # Nothing running will free blocks: the cached prefix it adopted must not keep it waiting.
+                self.blocks.release(seq.blocks)
+                seq.blocks, seq.num_computed, seq.restore_snapshot = self.blocks.new_sequence(), 0, None
+                n = self._chunk(seq, budget, decoding)
             if not self.blocks.can_allocate(seq.blocks, seq.num_computed + n):
                 self.blocks.release(seq.blocks)
                 seq.blocks, seq.num_computed = None, 0
@@ -122,16 +145,27 @@ class Scheduler:
             budget -= n
         return out
 
-    def _chunk(self, seq: Sequence, budget: int) -> int:
-        """Tokens to feed: up to the last token it has, within the budget and the chunk size. A chunk
-        that crosses a block boundary stops at the last one it can reach, so that the sconv history
-        holds the state there and the prefix cache can restart from it (one extra step a prompt)."""
+    def _chunk(self, seq: Sequence, budget: int, decoding: bool = False) -> int:
+        """Tokens to feed: up to the last token it has, within the budget and the chunk size (and, beside
+        decoding sequences, max_prefill_pairs). A chunk that crosses a block boundary stops at the last
+        one it can reach, so that the sconv history holds the state there and the prefix cache can
+        restart from it (one extra step a prompt)."""
         bs = self.blocks.block_size
         remaining = len(seq) - seq.num_computed
         n = min(remaining, budget, self.chunk_size)
+        if decoding and self.max_prefill_pairs:
+            n = min(n, max(bs, self.pairs_cap(seq.num_computed)))
         boundary = (seq.num_computed + n) // bs * bs
         if n > 1 and (n < remaining or seq.num_computed + n - boundary > 1) and boundary > seq.num_computed:
             n = boundary - seq.num_computed
+        return n
+
+    def pairs_cap(self, context: int) -> int:
+        """The most tokens n after `context` ones with n x (context + n) <= max_prefill_pairs."""
+        P = self.max_prefill_pairs
+        n = int((math.isqrt(context * context + 4 * P) - context) // 2)
+        while (n + 1) * (context + n + 1) <= P:
+            n += 1
         return n
 
     def _reserve(self, seq: Sequence, length: int, scheduled: list[ScheduledSeq]) -> bool:

@@ -55,7 +55,7 @@ def kv_rows(runner, seq, index: int, positions, head: bool):
         g = runner.layout["group_of_layer"][index]
         j = runner.layout["slot_of_layer"][index]
         kc, vc = runner.key_caches[j], runner.value_caches[j]
-    table = seq.blocks.tables[g]
-    blocks = [table[t // bs] for t in positions]
+    table = seq.blocks.row(g)
+    blocks = [int(table[t // bs]) for t in positions]
     offs = [t % bs for t in positions]
     return kc[blocks, offs], vc[blocks, offs]

@@ -252,3 +252,27 @@ def test_a_part_completed_by_a_later_run(tmp_path):
     merged = json.loads((tmp_path / "results.json").read_text())
     assert sorted(merged["parts"]["mtp"]["decode"], key=int) == ["1", "8", "32", "64"]
     assert merged["parts"]["mtp"]["batches"] == [1, 8, 32, 64]
+
+
+def test_long_context_benchmark_smoke(tmp_path):
+    """`make bench-long-context` in a CPU smoke shape: every phase runs, the longest context last, and the
+    table, plot and profile are written; the neighbour's second run keeps its prompt's chunks within
+    max_prefill_pairs."""
+    from bench.long_context import main as long_context
+
+    argv = ["--preset", "inkling-tiny", "--device", "cpu", "--contexts", "96,320", "--users", "2",
+            "--users_context", "128", "--neighbour_context", "320", "--chunk", "64", "--output_len", "3",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert long_context(argv) == 0
+    r = json.loads((tmp_path / "results.json").read_text())
+    assert [c["context"] for c in r["contexts"]] == [96, 320]
+    assert all(c["itl_s"]["n"] == 3 and c["ttft_s"] > 0 and c["itl_bound_s"] > 0 for c in r["contexts"])
+    whole, capped = r["neighbour"]
+    assert whole["pairs"] is None and capped["pairs"] == 64 * 64
+    # capped, the 320-token prompt takes more, smaller chunks beside the short request's decodes
+    assert capped["itl_during_prefill_s"]["n"] > whole["itl_during_prefill_s"]["n"] >= 1
+    assert len(r["users"]["ttft_s"]) == 2 and r["users"]["itl_s"]["n"] > 0
+    table = (tmp_path / "results.md").read_text()
+    assert "| 320 |" in table and "max_prefill_pairs 4,096" in table and "2 users at 128 tokens" in table
+    assert (tmp_path / "long_context.png").stat().st_size > 10_000
+    assert "4 decode steps at 320 tokens" in (tmp_path / "profile_decode_320.txt").read_text()

@@ -270,6 +270,13 @@ def test_only_the_depths_a_deployment_drafts_with_are_built(ckpt, plain):
     eng = LLMEngine(two)
     assert eng.runner.num_heads == 2 == len(eng.runner.head_key_caches)
     assert [k.shape[2] for k in eng.runner.head_key_caches] == [2, 1]  # sliding: 2 KV heads, full: 1
+    # Each kind's caches hold its pool alone: the full layers' and the depths' (group 0's ids) the full
+    # groups' blocks, the sliding layers' the windows'.
+    full, sliding = eng.runner.pool_sizes
+    assert eng.blocks.group_pools[0] == 0 and sliding > 0 and full + sliding == eng.runner.num_blocks
+    assert [k.shape[0] for k in eng.runner.head_key_caches] == [full, full]
+    g = len(eng.runner.key_caches) // 2
+    assert [k.shape[0] for k in eng.runner.key_caches] == [full] * g + [sliding] * g
     with pytest.raises(ValueError, match="3 exceeds this engine's 2 MTP heads"):
         eng.add_request("x", PromptInput(torch.tensor([1, 2])), SamplingParams(num_draft_tokens=3))
     few = [r for r in requests if r[2].num_draft_tokens <= 2]

@@ -227,8 +227,12 @@ def test_engine_says_its_cache_capacity_at_start_up(engine_f32, caplog):
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache:")]
     eng, bc = llm.engine, llm.engine.build
     per_seq = eng.blocks.peak_blocks(bc.max_seq_len, eng.scheduler.chunk_size)
-    at_once = eng.blocks.num_blocks // per_seq
-    assert f"{eng.blocks.num_blocks} blocks of {bc.tokens_per_block} tokens" in line
+    peaks = eng.blocks.pool_peaks(bc.max_seq_len, eng.scheduler.chunk_size)
+    at_once = min(size // peak for size, peak in zip(eng.blocks.pool_sizes, peaks))
+    full, sliding = eng.blocks.pool_sizes  # a pool per attention kind
+    assert (
+        f"{eng.blocks.num_blocks} blocks ({full}+{sliding} by kind) of {bc.tokens_per_block} tokens" in line
+    )
     assert f"{at_once} sequences of max_seq_len {bc.max_seq_len} at once ({per_seq} blocks each)" in line
     assert at_once >= bc.max_batch_size
     kv = sum(

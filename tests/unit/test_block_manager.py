@@ -59,13 +59,39 @@ def test_prefix_cache_register_lookup_adopt_and_evict():
     assert bm.usage()["cached_entries"] == 0 and bm.stats["evictions"] == 2
 
 
-def test_evictable_count_matches_a_recount_under_random_use():
-    """The O(1) evictable counter against a recount, over random allocations, registrations, adoptions,
-    window frees and releases."""
+def test_groups_draw_from_their_kinds_pools():
+    """Full-attention group 0 takes ids from pool 0's range alone, sliding groups from pool 1's: a pool
+    that runs dry refuses an allocation though the other has room, and its frees return to it."""
+    bm = BlockManager(40, 16, [0, 32, 32], 8, group_pools=[0, 1, 1], pool_sizes=[10, 30])
+    a = bm.new_sequence()
+    bm.allocate(a, 16 * 8)
+    assert all(0 <= b < 10 for b in a.tables[0]) and all(10 <= b < 40 for t in a.tables[1:] for b in t)
+    assert bm.num_free(0) == 2 and bm.num_free(1) == 14 and bm.blocks_needed(a, 16 * 11) == [3, 6]
+    b = bm.new_sequence()
+    assert not bm.can_allocate(b, 16 * 3)  # pool 0 has 2 blocks left; pool 1 has 14
+    with pytest.raises(MemoryError, match="per pool"):
+        bm.allocate(b, 16 * 3)
+    bm.free_behind_windows(a, 16 * 8)  # sliding blocks return to pool 1 only
+    assert bm.num_free(0) == 2 and bm.num_free(1) > 14
+    assert bm.pool_peaks(16 * 8, 16) == [8, 2 * min(8, -(-(32 + 8 + 16) // 16) + 1)]
+    assert bm.sequences_at_once(16 * 8, 16) == 1
+    bm.release(a)
+    assert bm.num_free(0) == 10 and bm.num_free(1) == 30
+    with pytest.raises(ValueError, match="one block per layer group"):
+        BlockManager(40, 16, [0, 32, 32], 8, group_pools=[0, 1, 1], pool_sizes=[39, 1])
+    with pytest.raises(ValueError, match="do not split"):
+        BlockManager(40, 16, [0, 32, 32], 8, group_pools=[0, 1, 1], pool_sizes=[10, 20])
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_evictable_count_matches_a_recount_under_random_use(pooled):
+    """The O(1) evictable counters against a recount, over random allocations, registrations, adoptions,
+    window frees and releases; with pools, each group's blocks stay in its pool's range."""
     import random
 
     rng = random.Random(0)
-    bm = manager(num_blocks=64)
+    pools = dict(group_pools=[0, 1], pool_sizes=[24, 40]) if pooled else {}
+    bm = BlockManager(64, 16, [0, 32], window_margin=8, **pools)
     live = []
     for step in range(400):
         op = rng.random()
@@ -89,16 +115,29 @@ def test_evictable_count_matches_a_recount_under_random_use():
             bm.free_behind_windows(seq, 16 * seq.num_blocks() + rng.randrange(60))
         else:
             bm.release(live.pop(rng.randrange(len(live))))
-        recount = sum(1 for e in bm.cache.values() for b in e.blocks if b != FREED and bm.ref[b] == 1)
-        assert bm.num_evictable == recount, step
+        for p, (start, size) in enumerate(zip(bm.pool_start, bm.pool_sizes)):
+            held = [b for e in bm.cache.values() for b in e.blocks if b != FREED and bm.ref[b] == 1]
+            assert bm.evictable[p] == sum(start <= b < start + size for b in held), step
+        for seq in live:
+            for g, table in enumerate(seq.tables):
+                start, size = bm.pool_start[bm.group_pools[g]], bm.pool_sizes[bm.group_pools[g]]
+                assert all(b == FREED or start <= b < start + size for b in table)
         assert len(bm.free) + sum(1 for r in bm.ref if r > 0) == bm.num_blocks
 
 
-def test_table_mirrors_follow_every_change():
+@pytest.mark.parametrize("pooled", [False, True])
+def test_table_mirrors_follow_every_change(pooled):
     """`row(g)`, the int32 mirror a step copies, equals the table after allocations, sliding-window frees,
-    rollbacks (truncate), release and a prefix adoption, in any order."""
+    rollbacks (truncate), release and a prefix adoption, in any order; with a pool per kind, as ids within
+    the group's pool."""
     rng = random.Random(0)
-    bm = manager(4096, windows=(0, 64))
+    pools = dict(group_pools=[0, 1], pool_sizes=[3000, 1096]) if pooled else {}
+    bm = BlockManager(4096, 16, [0, 64], window_margin=8, **pools)
+
+    def within(seq, g):
+        off = bm.pool_start[bm.group_pools[g]]
+        return [b if b == FREED else b - off for b in seq.tables[g]]
+
     seqs = [bm.new_sequence() for _ in range(3)]
     lengths = [0, 0, 0]
     for _ in range(600):
@@ -116,10 +155,14 @@ def test_table_mirrors_follow_every_change():
             lengths[i] = 0
         if rng.random() < 0.5:
             for g in range(2):
-                assert seq.row(g).tolist() == seq.tables[g]
+                assert seq.row(g).tolist() == within(seq, g)
     for seq in seqs:
         for g in range(2):
-            assert seq.row(g).tolist() == seq.tables[g]
+            assert seq.row(g).tolist() == within(seq, g)
+            assert (
+                min(seq.row(g), default=0) >= FREED
+                and max(seq.row(g), default=0) < bm.pool_sizes[g if pooled else 0]
+            )
 
 
 def decode_step_seconds(context: int, steps: int = 300) -> float:

@@ -70,9 +70,15 @@ def test_dynamic_shapes_by_name():
         "value_caches": [0, 0],
         "conv_states": [0] * 3,
     }
+    from torch.export import Dim
+
+    dims["num_blocks"] = Dim("num_blocks", min=2, max=1 << 20)
     d = STEP.dynamic_shapes(dims, example)
     assert list(d) == list(STEP.names)
-    assert d["weights"] == {"a": None, "b": None} and d["key_caches"] == [{0: "num_blocks"}] * 2
+    # each cache its own dimension (full and sliding caches hold different blocks), with num_blocks' bounds
+    names = [c[0].__name__ for c in d["key_caches"]]
+    assert d["weights"] == {"a": None, "b": None} and names == ["num_blocks_0", "num_blocks_1"]
+    assert all((c[0].min, c[0].max) == (2, 1 << 20) for c in d["key_caches"])
     assert (
         d["conv_states"] == [None] * 3
         and d["block_tables"] == {1: "batch"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from runtime.block_manager import BlockManager
+from runtime.block_manager import FREED, BlockManager
 from runtime.params import SamplingParams
 from runtime.prefix_cache import PrefixCache
 from runtime.scheduler import ScheduledSeq, Scheduler
@@ -64,6 +64,35 @@ def test_a_budget_exactly_full():
     advance(batch)
     batch = sch.schedule()
     assert sum(s.num_tokens for s in batch) == 6 and batch[-1].num_tokens == 4  # 2 decodes, a block of c
+
+
+def test_a_long_prefill_beside_decodes_keeps_its_chunks_attention_bounded():
+    """With max_prefill_pairs, a chunk that shares its step with a decoding sequence keeps tokens x
+    (context + tokens) within the limit (never under a block), so it shrinks as the prompt's context
+    grows; a prompt alone takes whole chunks; the prompt still completes and its chunks cover it."""
+    P = 24 * 24
+    sch = Scheduler(BlockManager(256, BS, [0], 0), 4, 64, chunk_size=24, max_prefill_pairs=P)
+    short, long = seq("short", 3, max_tokens=1000), seq("long", 200)
+    sch.add(long)
+    batch = sch.schedule()
+    assert [(s.seq.request_id, s.num_tokens) for s in batch] == [("long", 24)]  # alone: a whole chunk
+    advance(batch)
+    sch.add(short)
+    advance(sch.schedule())  # short's prompt and long's next chunk
+    fed = []
+    while long.is_prefill or not long.output_ids:
+        batch = sch.schedule()
+        assert batch[0].seq is short and batch[0].num_tokens == 1  # short decodes every step
+        (chunk,) = [s for s in batch if s.seq is long]
+        n, context = chunk.num_tokens, chunk.start
+        assert n * (context + n) <= P or n == BS or context + n == len(long), (context, n)
+        assert n >= min(BS, len(long) - context)
+        fed.append((context, n))
+        advance(batch)
+    assert fed[-1][0] + fed[-1][1] == len(long.prompt_ids)
+    sizes = [n for _, n in fed]
+    assert sizes[0] > sizes[-2] and sizes[-2] == BS  # shrinking with context, down to a block
+    assert sch.pairs_cap(100) == 5 and sch.pairs_cap(0) == 24  # 5 x 105 <= 576 < 6 x 106
 
 
 def test_preemption_takes_the_newest_running_sequence_first():
@@ -244,3 +273,24 @@ def test_prefix_cache_keys_include_the_media():
     b.blocks = blocks.new_sequence()
     cache.lookup(b)
     assert b.num_computed == 0
+
+
+def test_a_long_cached_prefix_fits_a_pool_sized_for_the_windows():
+    """A request that adopts a long cached prefix keeps, in its sliding groups, only what its window reaches
+    (the rest stays with the cache, evictable): it is admitted on the prefix in a sliding pool sized for a
+    window, where holding the whole prefix there would keep it waiting with nothing running."""
+    blocks = BlockManager(64 + 8, BS, [0, 8], 2, group_pools=[0, 1], pool_sizes=[64, 8])
+    cache = PrefixCache(blocks, FakeRunner(), max_draft_len=2)
+    sch = Scheduler(blocks, 2, 64)
+    a = seq("a", 30)
+    a.blocks = blocks.new_sequence()
+    blocks.allocate(a.blocks, 30)  # all of it in both groups
+    a.num_computed = 30
+    cache.register(a)
+    blocks.release(a.blocks)  # a is done; its 7 full blocks stay cached (a restore point at 28)
+    b = Sequence("b", list(range(1, 31)) + [99] * 10, SamplingParams(max_tokens=4))
+    sch.add(b)
+    batch = sch.schedule(on_admit=cache.lookup)
+    assert [(s.seq.request_id, s.start) for s in batch] == [("b", 28)]  # on the cached prefix
+    live = [x for x in b.blocks.tables[1] if x != FREED]
+    assert len(live) <= -(-(8 + 2) // BS) + 1 + -(-batch[0].num_tokens // BS)
