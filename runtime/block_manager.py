@@ -109,6 +109,16 @@ def peak_blocks(group_windows: list[int], block_size: int, margin: int, length: 
     return sum(group_peaks(group_windows, block_size, margin, length, chunk))
 
 
+def pool_peaks(
+    group_windows: list[int], group_pools: list[int], block_size: int, margin: int, length: int, chunk: int
+) -> list[int]:
+    """group_peaks summed per pool (group_pools[g]: group g's pool)."""
+    peaks = [0] * (max(group_pools, default=0) + 1)
+    for p, n in zip(group_pools, group_peaks(group_windows, block_size, margin, length, chunk)):
+        peaks[p] += n
+    return peaks
+
+
 def kind_pools(group_windows: list[int]) -> list[int]:
     """The pool of each group by attention kind: group 0's kind is pool 0, the other kind pool 1."""
     first = bool(group_windows[0]) if group_windows else False
@@ -239,13 +249,10 @@ class BlockManager:
 
     def pool_peaks(self, length: int, chunk: int) -> list[int]:
         """peak_blocks per pool."""
-        peaks = [0] * len(self.pool_sizes)
-        for p, n in zip(
-            self.group_pools,
-            group_peaks(self.group_windows, self.block_size, self.window_margin, length, chunk),
-        ):
-            peaks[p] += n
-        return peaks
+        peaks = pool_peaks(
+            self.group_windows, self.group_pools, self.block_size, self.window_margin, length, chunk
+        )
+        return peaks + [0] * (len(self.pool_sizes) - len(peaks))
 
     def sequences_at_once(self, length: int, chunk: int) -> int:
         """How many sequences of `length` tokens the pools hold at their peaks together."""

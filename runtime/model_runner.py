@@ -26,7 +26,7 @@ from builder.published_network import depth_weights
 from builder.sharding import DRAFT_LM_HEAD, TensorParallel
 from inkling.processing import image_patches
 
-from .block_manager import FREED, group_peaks, kind_pools
+from .block_manager import FREED, kind_pools, pool_peaks
 from .device_state import DeviceState
 from .distributed import Workers
 from .drafter import Drafter, Heads, HeadWork
@@ -114,17 +114,20 @@ class ModelRunner:
         # not a whole table per group (at 1M tokens and 2,048-token chunks: 162 blocks, not 65,536).
         chunk = max(self.block_size, bc.max_num_tokens // self.block_size * self.block_size)  # Scheduler's
         windows = self.layout["group_windows"]
-        per_group = group_peaks(windows, self.block_size, bc.max_draft_len, bc.max_seq_len, chunk)
-        self.num_blocks = num_blocks or bc.max_batch_size * sum(per_group)
-        # The real Inkling's groups draw from a pool per attention kind (runtime/block_manager.py), so the
-        # MTP depths' caches, indexed by group 0's ids, hold group 0's range alone.
-        # A num_blocks given by the caller is one pool that the kinds share, as sized.
+        # The real Inkling's groups draw from a pool per attention kind (runtime/block_manager.py "Pools"),
+        # and each kind's caches, the MTP depths' with group 0's, hold their pool's blocks alone. A
+        # num_blocks given by the caller is one pool that the kinds share, as sized.
         pooled = engine.is_published and not num_blocks
         self.group_pools = kind_pools(windows) if pooled else [0] * len(windows)
-        self.pool_sizes = [
-            bc.max_batch_size * sum(n for n, p in zip(per_group, self.group_pools) if p == q)
-            for q in range(max(self.group_pools) + 1)
-        ] if pooled else [self.num_blocks]  # fmt: skip
+        per_pool = pool_peaks(
+            windows, self.group_pools, self.block_size, bc.max_draft_len, bc.max_seq_len, chunk
+        )
+        self.pool_sizes = (
+            [bc.max_batch_size * n for n in per_pool]
+            if pooled
+            else [num_blocks or bc.max_batch_size * per_pool[0]]
+        )
+        self.num_blocks = sum(self.pool_sizes)
         # Sorted: torch.compile's graph takes the weights in the dict's order, and its compiler cache keys
         # on that order, so the build (weights in memory) and a load (safetensors' order) must agree.
         weights = {k: engine.weights[k].to(self.device) for k in sorted(engine.weights)}

@@ -123,15 +123,6 @@ class Scheduler:
             if on_admit is not None:
                 on_admit(seq)
             n = self._chunk(seq, budget, decoding)
-            if (
-                seq.num_computed
-                and not self.running
-                and not self.blocks.can_allocate(seq.blocks, seq.num_computed + n)
-            ):
-                # Nothing running will free blocks: the cached prefix it adopted must not keep it waiting.
-                self.blocks.release(seq.blocks)
-                seq.blocks, seq.num_computed, seq.restore_snapshot = self.blocks.new_sequence(), 0, None
-                n = self._chunk(seq, budget, decoding)
             if not self.blocks.can_allocate(seq.blocks, seq.num_computed + n):
                 self.blocks.release(seq.blocks)
                 seq.blocks, seq.num_computed = None, 0
