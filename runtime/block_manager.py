@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 FREED = -1  # a table entry whose block was freed (behind a sliding window) or never allocated
+_NO_EDITS = (np.empty(0, np.int64), np.empty(0, np.int32))
 
 
 @dataclass
@@ -48,6 +49,10 @@ class SeqBlocks:
     freed: list[int] = field(default_factory=list)
     _rows: list[np.ndarray] = field(default_factory=list, repr=False)  # per group: the mirror's buffer
     _synced: list[int] = field(default_factory=list, repr=False)  # per group: its entries in step
+    # Per group, for a copy elsewhere (runtime/device_tables.py): the leading entries it was given, and
+    # the indices among or past them that changed since (freed, or taken off the end).
+    _pushed: list[int] = field(default_factory=list, repr=False)
+    _stale: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         G = len(self.tables)
@@ -55,6 +60,8 @@ class SeqBlocks:
         self.freed = self.freed or [0] * G
         self._rows = [np.empty(0, np.int32) for _ in range(G)]
         self._synced = [0] * G
+        self._pushed = [0] * G
+        self._stale = [[] for _ in range(G)]
 
     def num_blocks(self) -> int:
         return len(self.tables[0]) if self.tables else 0
@@ -75,16 +82,45 @@ class SeqBlocks:
         self._synced[g] = len(table)
         return self._rows[g][: len(table)]
 
+    def edits(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """(indices, values): the entries of group g's row (`row`; FREED past the table's end) that changed
+        since the last call, for a copy of the row kept elsewhere (runtime/device_tables.py). O(entries
+        changed): appended, freed or taken off the end."""
+        row, pushed, stale = self.row(g), self._pushed[g], self._stale[g]
+        n = len(row)
+        if pushed == n and not stale:
+            return _NO_EDITS
+        index = np.arange(pushed, n, dtype=np.int64)
+        if stale:
+            index = np.concatenate([np.array(stale, dtype=np.int64), index])
+            stale.clear()
+        self._pushed[g] = n
+        values = np.full(len(index), FREED, dtype=np.int32)
+        inside = index < n
+        values[inside] = row[index[inside]]
+        return index, values
+
+    def repush(self) -> None:
+        """The copy elsewhere starts empty (all FREED): the next `edits` give every entry."""
+        self._pushed = [0] * len(self.tables)
+        self._stale = [[] for _ in self.tables]
+
     def _set_freed(self, g: int, i: int) -> None:
         self.tables[g][i] = FREED
         if i < self._synced[g]:
             self._rows[g][i] = FREED
+        if i < self._pushed[g]:
+            self._stale[g].append(i)
 
     def _truncated(self) -> None:
         """After entries were taken off the tables' ends."""
         for g, table in enumerate(self.tables):
-            self._synced[g] = min(self._synced[g], len(table))
-            self.freed[g] = min(self.freed[g], len(table))
+            n = len(table)
+            self._synced[g] = min(self._synced[g], n)
+            self.freed[g] = min(self.freed[g], n)
+            if self._pushed[g] > n:  # the copy's entries past the end go back to FREED
+                self._stale[g].extend(range(n, self._pushed[g]))
+                self._pushed[g] = n
 
 
 def chain_hash(parent: bytes, tokens: list[int], media: bytes = b"") -> bytes:

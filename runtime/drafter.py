@@ -22,6 +22,7 @@ from inkling.config import InklingConfig
 
 from .block_manager import FREED
 from .device_state import DeviceState
+from .device_tables import DeviceTables
 from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
 from .sequence import Sequence
 from .step_graphs import on_device
@@ -114,8 +115,17 @@ class Drafter:
     """The MTP heads' rounds. Their CUDA graphs (`head_graphs`, `draft_graphs`: StepGraphs of the head
     program alone and of `head_and_pick`) are set by whoever captures them (ModelRunner); None runs eager."""
 
-    def __init__(self, heads: Heads, config: InklingConfig, build: BuildConfig, engine_config: dict):
-        self.heads = heads
+    def __init__(
+        self,
+        heads: Heads,
+        config: InklingConfig,
+        build: BuildConfig,
+        engine_config: dict,
+        tables: DeviceTables | None = None,
+    ):
+        """tables: the sequences' block tables on the device (a one-rank engine's); None: built on the host
+        from each sequence's own (a tensor-parallel worker's SeqView)."""
+        self.heads, self.tables = heads, tables
         self.device, self.dtype, self.config = heads.splice_row.device, heads.splice_row.dtype, config
         self.num_heads = len(heads.weights)
         self.block_size, self.max_blocks_per_seq = build.tokens_per_block, build.max_blocks_per_seq
@@ -312,7 +322,12 @@ class Drafter:
         T = int(cu[-1])
         ids = np.zeros(T, dtype=np.int64)
         hole_src = np.full(T, -1, dtype=np.int64)
-        table = np.full((len(items), self.max_blocks_per_seq), FREED, dtype=np.int32)
+        if self.tables is not None:
+            table = self.tables.gather(
+                [(work[i].seq.slot, work[i].seq.blocks) for i, _, _ in items], slice(0, 1)
+            )[0]
+        else:
+            table = np.full((len(items), self.max_blocks_per_seq), FREED, dtype=np.int32)
         slots = np.empty(T, dtype=np.int64)
         h_prev, mm_rows, mm_pos = [], [], []
         for j, (i, start, end) in enumerate(items):
@@ -327,8 +342,9 @@ class Drafter:
                 hole_src[lo + r] = i * stride + d
             add_media(seq, start + m, end + m, lo, mm_rows, mm_pos)  # head m at t reads token t + m
             blocks = seq.blocks.row(0)
-            table[j, : len(blocks)] = blocks
-            slots[lo : lo + end - start] = slot_mapping(table[j], np.arange(start, end), bs)
+            if self.tables is None:
+                table[j, : len(blocks)] = blocks
+            slots[lo : lo + end - start] = slot_mapping(blocks, np.arange(start, end), bs)
         mm_embeds, mm_positions = media_splice(mm_rows, mm_pos, self.heads.splice_row, T)
         # The host arguments as NumPy arrays: the graphs stage them as they are, and only a call without
         # graphs makes tensors of them (step_graphs.on_device).

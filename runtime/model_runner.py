@@ -28,6 +28,7 @@ from inkling.processing import image_patches
 
 from .block_manager import FREED, kind_pools, pool_peaks
 from .device_state import DeviceState
+from .device_tables import DeviceTables
 from .distributed import Workers
 from .drafter import Drafter, Heads, HeadWork
 from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
@@ -189,7 +190,14 @@ class ModelRunner:
             self.head, self.head_weights, self.lm_head, st, self.num_real_tokens, self.splice_row,
             mup=c.text.logits_mup_width_multiplier if engine.is_published else None,
         )  # fmt: skip
-        self.drafter = Drafter(heads, c, bc, engine.config)
+        # A one-rank engine keeps its block tables on the device (runtime/device_tables.py); the ranks of a
+        # tensor-parallel one take rank 0's host tables with each step.
+        self.tables = (
+            DeviceTables(self.num_groups, bc.max_batch_size, bc.max_blocks_per_seq, self.device)
+            if engine.tp_size == 1
+            else None
+        )
+        self.drafter = Drafter(heads, c, bc, engine.config, self.tables)
         self._init_graphs(cuda_graphs, pad_eager)
 
     # The heads' graphs are the drafter's (it replays them); here for the runner's readers.
@@ -408,12 +416,17 @@ class ModelRunner:
 
     def step_inputs(self, batch: list[ScheduledSeq], input_ids: torch.Tensor | None = None) -> StepInputs:
         """The batch's tokens (or `input_ids`), media, block tables, slot mappings and state slots (host
-        tensors built with NumPy, but media embeddings and input_ids stay where they are)."""
+        tensors built with NumPy, but media embeddings, input_ids and device-resident block tables stay
+        where they are)."""
         bs, G, B = self.block_size, self.num_groups, len(batch)
         q_lens = np.array([s.num_tokens for s in batch], dtype=np.int64)
         cu = cu_seqlens(q_lens)
         T = int(cu[-1])
-        tables = np.full((G, B, self.build.max_blocks_per_seq), FREED, dtype=np.int32)
+        if self.tables is not None:
+            block_tables = self.tables.gather([(s.seq.slot, s.seq.blocks) for s in batch])
+        else:
+            tables = np.full((G, B, self.build.max_blocks_per_seq), FREED, dtype=np.int32)
+            block_tables = torch.from_numpy(tables)
         slots = np.full((G, T), -1, dtype=np.int64)
         ids = np.empty(T if input_ids is None else 0, dtype=np.int64)
         mm_rows, mm_pos = [], []
@@ -422,7 +435,8 @@ class ModelRunner:
             pos = np.arange(s.start, s.start + s.num_tokens)
             for g in range(G):
                 table = seq.blocks.row(g)
-                tables[g, b, : len(table)] = table
+                if self.tables is None:
+                    tables[g, b, : len(table)] = table
                 slots[g, lo:hi] = slot_mapping(table, pos, bs)
             if input_ids is None:
                 ids[lo:hi] = fed_tokens(seq, seq.drafts[: s.num_drafts], s.start, s.num_tokens)
@@ -438,7 +452,7 @@ class ModelRunner:
             mm_positions=mm_positions,
             cu_seqlens_q=torch.from_numpy(cu),
             seq_lens=torch.tensor([s.start + s.num_tokens for s in batch], dtype=torch.int32),
-            block_tables=torch.from_numpy(tables),
+            block_tables=block_tables,
             slot_mappings=torch.from_numpy(slots),
             state_indices=torch.tensor([s.seq.slot for s in batch], dtype=torch.int32),
             logits_indices=torch.from_numpy(logits_idx),

@@ -334,7 +334,7 @@ class _Bucket:
 
 
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return math.prod(shape) * dtype.itemsize
 
 
 @dataclass
@@ -447,13 +447,18 @@ class StepGraphs:
     def _stage(self, entry: _Bucket, args: list, B: int, T: int, Q: int) -> None:
         """Copy the call's ragged inputs, padded, into the bucket's buffers: the host ones by one copy of
         a pinned staging buffer (from torch's caching host allocator, which reuses a block only after the
-        copies out of it have run), then the device ones device to device."""
+        copies out of it have run) up to the last host one's end, then the device ones device to device."""
         if entry.flat.device.type == "cpu":
             stage_ragged(args, self.spec, B, T, Q, entry.host_views)
         else:
             stage = torch.empty(entry.flat.shape, dtype=torch.uint8, pin_memory=True)
             stage_ragged(args, self.spec, B, T, Q, entry.bit_views(stage.numpy()))
-            entry.flat.copy_(stage, non_blocking=True)
+            end = max(
+                off + _nbytes(dtype, shape)
+                for i, (off, dtype, shape) in entry.layout.items()
+                if on_host(args[i])
+            )
+            entry.flat[:end].copy_(stage[:end], non_blocking=True)
         for i, d, v in sized_args(self.spec):
             if not on_host(args[i]):
                 copy_padded(entry.args[i], args[i], d, v)
@@ -479,7 +484,11 @@ class StepGraphs:
         for i, x in padded.items():
             static[i] = x.to(self.device).clone()
         layout, size = {}, 0
-        for i in ragged_indices(self.spec):
+        # Smallest first: the staging copies the flat buffer only up to its last host argument's end, and
+        # the largest, the block tables, come from the device where they live there (device_tables.py).
+        for i in sorted(
+            ragged_indices(self.spec), key=lambda i: padded[i].numel() * padded[i].element_size()
+        ):
             x = padded[i]
             layout[i] = (size, x.dtype, tuple(x.shape))
             size += -(-_nbytes(x.dtype, tuple(x.shape)) // FLAT_ALIGN) * FLAT_ALIGN

@@ -107,8 +107,13 @@ class Mixture:
         return self.tok.encode(s).ids
 
     def text_chunk(self, n: int) -> list[int]:
-        start = self.rng.randrange(0, len(self.text) - n)
-        return self.text[start : start + n]
+        """n tokens of the text from a random start; a chunk longer than the text repeats it."""
+        if n < len(self.text):
+            start = self.rng.randrange(0, len(self.text) - n)
+            return self.text[start : start + n]
+        start = self.rng.randrange(0, len(self.text))
+        times = -(-(start + n) // len(self.text))
+        return (self.text * times)[start : start + n]
 
     def needle(self, length: int, depth: float | None = None, passkey: int | None = None) -> Sample:
         """A needle sample of about `length` tokens with the needle at `depth` (0 = start, 1 = end)."""

@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.e2e import _decode_rows, _requested_batches, main, user_prompts, write_table
 from inkling.published.config import preset
 
@@ -276,3 +278,20 @@ def test_long_context_benchmark_smoke(tmp_path):
     assert "| 320 |" in table and "max_prefill_pairs 4,096" in table and "2 users at 128 tokens" in table
     assert (tmp_path / "long_context.png").stat().st_size > 10_000
     assert "4 decode steps at 320 tokens" in (tmp_path / "profile_decode_320.txt").read_text()
+
+
+def test_long_needle_benchmark_smoke(tmp_path):
+    """bench.long_needle in a CPU smoke shape on the trained small real Inkling: past its window (128) and
+    relative extent (256), the float32 engine's tokens equal transformers' fed in chunks, and the table says
+    so; the reference stays off above --reference_max."""
+    pytest.importorskip("transformers")
+    from bench.long_needle import main as long_needle
+
+    argv = ["--device", "cpu", "--lengths", "300,700", "--depths", "0.5", "--chunk", "128",
+            "--reference_chunk", "96", "--reference_max", "400", "--out", str(tmp_path)]  # fmt: skip
+    assert long_needle(argv) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [r["tokens"] < 400 for r in rows] == [True, False]
+    assert rows[0]["equal"] and len(rows[0]["engine_tokens"]) == 8 and "equal" not in rows[1]
+    table = (tmp_path / "results.md").read_text()
+    assert "| 0.5 |" in table and "not run" in table
