@@ -107,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         "nothing, so it would soon stop drafting); times a whole MTP round as the runtime runs it",
     )
     ap.add_argument(
+        "--draft_vocab_size",
+        type=int,
+        default=0,
+        help="the depths draft from N token ids only (builder/draft_vocab.py; here the first N ordinary "
+        "ids: random depths and prompts make any N alike); 0: every real token",
+    )
+    ap.add_argument(
         "--eager_pick",
         action="store_true",
         help="fill a drafting head pass's draft ids and make its pick outside the head's graph, launched "
@@ -358,7 +365,11 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
     )
     tensors = iter_tensors(config, args.seed, args.device)
     log = BuildLog(echo=True)
-    engine, results["build_s"] = timed(lambda: build_published_tensors(config, tensors, bc, log))
+    vocab = list(range(args.draft_vocab_size)) if args.draft_vocab_size else None
+    results["draft_vocab_size"] = args.draft_vocab_size or None
+    engine, results["build_s"] = timed(
+        lambda: build_published_tensors(config, tensors, bc, log, draft_vocab=vocab)
+    )
     if args.compile:
         # What `--compile` at build gives a runtime, without build's compile step: that would warm a second
         # runner (its own KV caches) beside this one, and its cache artifacts matter only for a later load.
@@ -474,7 +485,9 @@ def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
         )
     lines += _decode_rows(r, "")
     if mtp:
-        label = f"with {mtp['num_draft_tokens']} MTP drafts a step{' (every step)' if mtp.get('fixed_drafts') else ''}, "
+        every = " (every step)" if mtp.get("fixed_drafts") else ""
+        vocab = f" from {mtp['draft_vocab_size']} tokens" if mtp.get("draft_vocab_size") else ""
+        label = f"with {mtp['num_draft_tokens']} MTP drafts a step{every}{vocab}, "
         lines += _decode_rows(mtp, label)
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

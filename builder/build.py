@@ -46,7 +46,7 @@ def build(
         from .published_build import build_published, is_published_checkpoint
 
         if is_published_checkpoint(source):  # the real Inkling (builder/published_build.py)
-            return build_published(source, bc, echo)
+            return build_published(source, bc, echo, draft_vocab)
     log = BuildLog(echo)
     tokenizer_json = generation_config = None
     with log.phase("read"):

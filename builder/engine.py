@@ -288,7 +288,9 @@ def check_compatible(config: dict[str, Any], device: str | None) -> None:
         from .draft_vocab import check_draft_vocab
 
         try:
-            check_draft_vocab(config["draft_vocab"], config["pretrained_config"]["vocab_size"])
+            pretrained = config["pretrained_config"]  # the real Inkling's nests its text config
+            vocab_size = pretrained.get("text_config", pretrained)["vocab_size"]
+            check_draft_vocab(config["draft_vocab"], vocab_size)
         except ValueError as e:
             raise EngineError(f"engine config is corrupt: {e}") from e
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -97,6 +97,22 @@ def tune_moe(config: InklingConfig, bc: BuildConfig, weights: dict[str, torch.Te
 def head_program_name(layer_type: str) -> str:
     """The head program of the MTP depths of one attention kind."""
     return "mtp_head_" + ("sliding" if layer_type == "hybrid_sliding" else "full")
+
+
+def checked_draft_vocab(ids: Sequence[int], num_depths: int, num_tokens: int) -> list[int]:
+    """The draft vocabulary as the engine keeps it, or a BuildError: the engine must have depths to draft
+    with, and every id must be a real token (below unpadded_vocab_size: the padded rows are never
+    sampled, nor drafted)."""
+    from .draft_vocab import check_draft_vocab
+
+    if not num_depths:
+        raise BuildError(
+            "draft_vocab: this engine has no MTP depths to draft with (max_draft_len 0, or none in the checkpoint)"
+        )
+    try:
+        return check_draft_vocab(ids, num_tokens)
+    except ValueError as e:
+        raise BuildError(str(e)) from e
 
 
 def num_built_depths(config: InklingConfig, bc: BuildConfig) -> int:
@@ -233,9 +249,13 @@ def export_towers(config, bc, weights, device, dtype) -> dict[str, torch.export.
 
 
 def build_published(
-    source: str | os.PathLike, build_config: BuildConfig | None = None, echo: bool = True
+    source: str | os.PathLike,
+    build_config: BuildConfig | None = None,
+    echo: bool = True,
+    draft_vocab: Sequence[int] | None = None,
 ) -> Engine:
-    """Build an engine from a published-layout checkpoint directory (BF16 or NVFP4)."""
+    """Build an engine from a published-layout checkpoint directory (BF16 or NVFP4). draft_vocab: the
+    token ids the MTP depths may draft (builder/draft_vocab.py); default every real token."""
     bc = build_config or BuildConfig()
     log = BuildLog(echo)
     with log.phase("read"):
@@ -256,7 +276,7 @@ def build_published(
         return build_published_tensors(
             reader.config, ((n, reader.get(n)) for n in reader.keys()), bc, log,
             has_mtp=not reader.dropped_mtp, tokenizer_json=tokenizer_json, generation_config=generation_config,
-            settings=PreprocessorSettings.from_pretrained(source),
+            settings=PreprocessorSettings.from_pretrained(source), draft_vocab=draft_vocab,
         )  # fmt: skip
 
 
@@ -269,10 +289,12 @@ def build_published_tensors(
     tokenizer_json: str | None = None,
     generation_config: dict | None = None,
     settings: PreprocessorSettings | None = None,
+    draft_vocab: Sequence[int] | None = None,
 ) -> Engine:
     """Build from the checkpoint's (name, tensor) pairs in the published layout: a directory's, or tensors
     synthesized in memory on the GPU (inkling.published.synth.iter_tensors; bench/e2e.py) for models larger
-    than the disk. has_mtp: the tensors hold the MTP depths the config names."""
+    than the disk. has_mtp: the tensors hold the MTP depths the config names. draft_vocab: as
+    build_published."""
     if bc.tp_size != 1:
         raise BuildError(f"tensor parallelism (tp_size {bc.tp_size}) is not built for the real Inkling yet")
     dtype, device = getattr(torch, bc.dtype), torch.device(bc.device)
@@ -282,6 +304,10 @@ def build_published_tensors(
     elif config.mtp.num_layers:
         log(f"MTP depths: {num_depths} of {config.mtp.num_layers} built (max_draft_len {bc.max_draft_len}), "
             f"kinds {list(config.mtp.layer_types[:num_depths])}")  # fmt: skip
+    if draft_vocab is not None:
+        draft_vocab = checked_draft_vocab(draft_vocab, num_depths, config.text.unpadded_vocab_size)
+        log(f"MTP draft vocabulary: {len(draft_vocab)} tokens (each draft pick reads "
+            f"{len(draft_vocab) / config.text.unpadded_vocab_size:.1%} of the unembedding)")  # fmt: skip
     settings = settings or PreprocessorSettings()
     impls = resolve_impls(bc)
     for name, impl in impls.items():
@@ -331,7 +357,7 @@ def build_published_tensors(
         "quantization": config.quant.to_dict("engine") if config.quant else None,
         "device": bc.device,
         "dtype": bc.dtype,
-        "draft_vocab": None,
+        "draft_vocab": draft_vocab,
         "cache_layout": cache_layout(config, num_depths),
         "encoders": encoder_layout(config, bc),
         "preprocessor": settings.to_dict(),

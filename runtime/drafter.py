@@ -290,16 +290,17 @@ class Drafter:
         drafted[torch.where(pick_dst >= 0, pick_dst, drafted.shape[0] - 1)] = picked
 
     def _pick(self, weights: dict, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """The drafts of `out`'s rows `rows`: `inkling::mtp_draft` with the head's final norm, mapped
-        through the draft vocabulary; the real Inkling's, the argmax of unembed(h / muP) over the real
-        tokens (as its step's logits, in the engine's dtype)."""
+        """The drafts of `out`'s rows `rows`, mapped through the draft vocabulary: `inkling::mtp_draft` with
+        the head's final norm; the real Inkling's, the argmax of unembed(h / muP) over the real tokens or
+        the vocabulary's (as its step's logits, in the engine's dtype)."""
         if self.heads.mup is not None:
             logits = out[rows] / self.heads.mup @ self.draft_lm_head[: self.num_draft_rows].T
-            return logits.float().argmax(-1)
-        picked = torch.ops.inkling.mtp_draft(
-            out[rows], weights["final_layernorm.weight"], self.draft_lm_head, self.num_draft_rows,
-            self.config.rms_norm_eps, self.draft_impl,
-        )  # fmt: skip
+            picked = logits.float().argmax(-1)
+        else:
+            picked = torch.ops.inkling.mtp_draft(
+                out[rows], weights["final_layernorm.weight"], self.draft_lm_head, self.num_draft_rows,
+                self.config.rms_norm_eps, self.draft_impl,
+            )  # fmt: skip
         return picked if self.draft_ids is None else self.draft_ids[picked]
 
     def _head_args(

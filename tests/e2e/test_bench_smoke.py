@@ -37,12 +37,14 @@ def test_e2e_benchmark_parts_and_merge(tmp_path):
     # restored afterwards).
     policy = runtime.spec_decode.next_num_drafts
     argv = [*common, "--prompt_len", "64", "--output_len", "10", "--batches", "2", "--num_draft_tokens", "2",
-            "--fixed_drafts", "--temperature", "1", "--out", str(tmp_path / "mtp")]  # fmt: skip
+            "--fixed_drafts", "--temperature", "1", "--draft_vocab_size", "500",
+            "--out", str(tmp_path / "mtp")]  # fmt: skip
     assert main(argv) == 0
     assert runtime.spec_decode.next_num_drafts is policy
     m = json.loads((tmp_path / "mtp" / "results.json").read_text())
     d = m["decode"]["2"]
     assert d["tokens_per_request"] == 10 and 1.0 <= d["acceptance_length"] <= 3.0 and m["fixed_drafts"]
+    assert m["draft_vocab_size"] == 500
     assert d["mtp_steps"] >= 2 * d["decode_steps_timed"]  # both requests drafted in every timed step
     # sampled (a seed per user), and the batch's distinct tokens a step recorded and shown
     assert m["temperature"] == 1.0 and 1 <= d["distinct_tokens_median"] <= 2
@@ -54,7 +56,9 @@ def test_e2e_benchmark_parts_and_merge(tmp_path):
     for part in ("decode", "mtp"):
         assert f"- part {part}: `python -m bench.e2e " in merged
     assert "| time to first token, prompt 1 |" in merged and "| decode tokens/s per user, batch 1 " in merged
-    assert "| with 2 MTP drafts a step (every step), MTP acceptance length, batch 2 |" in merged
+    assert (
+        "| with 2 MTP drafts a step (every step) from 500 tokens, MTP acceptance length, batch 2 |" in merged
+    )
     assert set(json.loads((tmp_path / "results.json").read_text())["parts"]) == {"decode", "mtp"}
     assert (tmp_path / "e2e.png").stat().st_size > 10_000
 
@@ -249,7 +253,7 @@ def test_a_part_completed_by_a_later_run(tmp_path):
     assert len(runs) == 2 and runs[0].endswith(": batches 1, 8") and runs[1].endswith(": batches 32, 64")
     assert "--batches 32,64" in runs[1] and not any("not measured" in line for line in lines)
     for batch in (1, 8, 32, 64):
-        assert any(line.startswith(f"| with 3 MTP drafts a step (every step), MTP acceptance length, batch {batch} |")
+        assert any(line.startswith(f"| with 3 MTP drafts a step (every step) from 32768 tokens, MTP acceptance length, batch {batch} |")
                    for line in lines)  # fmt: skip
     merged = json.loads((tmp_path / "results.json").read_text())
     assert sorted(merged["parts"]["mtp"]["decode"], key=int) == ["1", "8", "32", "64"]
