@@ -1,0 +1,28 @@
+"""bench/projection.py: the 1T's projection from bytes per GPU agrees with the bounds it stands on."""
+
+from bench.bound import BANDWIDTH, real_decode_step_bytes
+from bench.projection import busiest_share, main, step_seconds, total_weight_bytes
+from inkling.published.config import preset
+
+
+def test_one_gpu_step_is_the_byte_bound():
+    """On one GPU without collectives a step is bench.bound's: inkling-bench's 1.52 ms at 8K (BENCHMARKS.md)."""
+    c = preset("inkling-bench", nvfp4=True)
+    nbytes, seconds = step_seconds(c, 8192, 1, 1, 0.0)
+    assert abs(nbytes - real_decode_step_bytes(c, 8192).total) < 1
+    assert abs(seconds - 1.517e-3) < 5e-6 and abs(seconds - nbytes / BANDWIDTH) < 1e-12
+
+
+def test_the_busiest_gpu_holds_more_than_an_even_share():
+    assert busiest_share(8, 256, 1) == 8
+    eight = busiest_share(8, 256, 8)
+    assert 1 < eight < 8 and busiest_share(8, 256, 4) > eight  # fewer GPUs, more experts each
+
+
+def test_the_1t_needs_more_than_four_h200s_and_the_table_says_so(tmp_path):
+    c = preset("inkling-1t", nvfp4=True)
+    assert 4 * 141e9 < total_weight_bytes(c) < 8 * 141e9
+    assert main(["--out", str(tmp_path)]) == 0
+    text = (tmp_path / "projection.md").read_text()
+    assert "a projection from bytes per GPU, not a measurement" in text
+    assert "| 4 | 148 GB (does not fit: over 141 GB) |" in text and "| 8 | 74 GB |" in text
