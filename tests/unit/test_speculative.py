@@ -247,3 +247,15 @@ def test_policy_probes_and_recovers():
         n = next_num_drafts(s2, 8, probe_interval=16)
         s2.update(n, n)
     assert next_num_drafts(s2, 8, probe_interval=16) == 8
+
+
+def test_inverse_cdf_draws_never_pick_a_zero_probability_token():
+    """The sampler under rejection sampling (`_sample`): zero-probability tokens, leading, inner and
+    trailing, are never drawn; the others as often as their weights say (unnormalised weights)."""
+    from runtime.speculative import _sample
+
+    weights = torch.tensor([0.0, 1.0, 0.0, 3.0, 0.0, 0.0], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    draws = [_sample(weights, g) for _ in range(4000)]
+    assert set(draws) == {1, 3}
+    assert abs(draws.count(3) / len(draws) - 0.75) < 0.03
