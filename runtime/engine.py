@@ -216,7 +216,13 @@ class LLMEngine:
             argmaxes = None
             if picks is None and any(s.samples and s.num_drafts and s.seq.params.greedy for s in step.batch):
                 argmaxes = logits[:, : self.num_real_tokens].argmax(-1).tolist()
-            verify_probs = self.spec.verify_probs(step.batch, logits, rows) if picks is None else {}
+            sampled = (
+                self.spec.verify_sampled(
+                    step.batch, logits, rows, lambda seq: self.requests[seq.request_id].draft_generator
+                )
+                if picks is None
+                else {}
+            )
         except Exception as e:
             return self._isolate(step.batch, e, "sampling")
         deltas, heads = [], []
@@ -234,7 +240,7 @@ class LLMEngine:
                 if s.samples:
                     pick = None if picks is None else (picks[b], None if logprobs is None else logprobs[b])
                     targets = None if argmaxes is None else argmaxes[rows[b] : rows[b + 1]]
-                    delta = self._sample(s, logits[rows[b] : rows[b + 1]], pick, targets, verify_probs.get(b))
+                    delta = self._sample(s, logits[rows[b] : rows[b + 1]], pick, targets, sampled.get(b))
                 if delta is None or delta.finish_reason is None:
                     self.prefix.register(seq)
                     self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
@@ -268,11 +274,11 @@ class LLMEngine:
         logits: torch.Tensor,
         pick: tuple[int, float | None] | None = None,
         targets: list[int] | None = None,
-        probs: torch.Tensor | None = None,
+        sampled: list[int] | None = None,
     ) -> StreamDelta:
         """The sequence's next tokens from its rows of logits: one sample (or `pick`, the token already
         drawn on the device and its logprob), or with MTP drafts their verification (SpeculativeDecoder:
-        `targets` the rows' argmaxes, `probs` their target distributions), emitting 1..k+1 tokens. Rolls the
+        `targets` the rows' argmaxes, `sampled` the tokens rejection sampling drew), emitting 1..k+1 tokens. Rolls the
         caches back over rejected drafts."""
         seq = s.seq
         state = self.requests[seq.request_id]
@@ -287,7 +293,7 @@ class LLMEngine:
             tokens, logprobs = [out.token], ([out.logprob] if out.logprob is not None else None)
             top = None if out.top_logprobs is None else [out.top_logprobs]
         else:
-            tokens, logprobs, top = self.spec.verify(state, k, real, targets, probs)
+            tokens, logprobs, top = self.spec.verify(state, k, real, targets, sampled)
         if s.num_tokens - k == 1 and seq.output_ids and params.num_draft_tokens:  # a decode step
             self.spec.record(state, k, len(tokens) - 1)
         seq.drafts = []

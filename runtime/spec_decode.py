@@ -5,6 +5,7 @@ the heads' passes are runtime/drafter.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,10 +19,9 @@ from .sequence import Sequence
 from .speculative import (
     AcceptanceStats,
     accept_targets,
+    draw_rows,
     greedy_accept,
     next_num_drafts,
-    one_hot_probs,
-    rejection_sample,
 )
 
 if TYPE_CHECKING:
@@ -40,12 +40,24 @@ class SpeculativeDecoder:
         self.draft_policy = next_num_drafts
 
     # Verification.
-    def verify_probs(
-        self, batch: list[ScheduledSeq], logits: torch.Tensor, rows: list[int]
-    ) -> dict[int, torch.Tensor]:
-        """The target distributions of the sampled verifies in `batch` (after temperature, top-k, top-p, over
-        the real tokens), on the host in one read rather than one wait for the device a sequence: batch
-        index -> [k + 1, V]."""
+    def verify_sampled(
+        self,
+        batch: list[ScheduledSeq],
+        logits: torch.Tensor,
+        rows: list[int],
+        generator_of: Callable[[Sequence], torch.Generator | None],
+    ) -> dict[int, list[int]]:
+        """The tokens each sampled verify in `batch` emits (batch index -> 1..k+1 tokens): rejection sampling
+        (speculative.rejection_sample with q one-hot at each greedy draft) against its rows' target
+        distributions (after temperature, top-k, top-p, over the real tokens), the rows staying on the device.
+
+        Draft i is accepted when u_i < p_i(d_i); at the first rejection the correction is drawn from p_i with
+        d_i removed (max(0, p_i - q_i)), after all of them the bonus from p_k. The host reads the drafts'
+        probabilities (one small read), draws each u_i from the request's own generator, and the device draws
+        every correction or bonus by inverse CDF from a uniform the host drew next (`speculative._sample`'s
+        draw, row-wise), read back in one more small read. Neither [k + 1, V] rows nor V-wide float64 work
+        reach the host: at the real Inkling's 200K tokens and batch 64 those rows were 205 MB a step.
+        generator_of(seq): the request's generator for its drafts' draws (RequestState.draft_generator)."""
         want = [
             b
             for b, s in enumerate(batch)
@@ -53,11 +65,43 @@ class SpeculativeDecoder:
         ]
         if not want:
             return {}
-        real = logits[:, : self.num_real_tokens]
-        parts = [
-            torch.softmax(filter_logits(real[rows[b] : rows[b + 1]], batch[b].seq.params), -1) for b in want
-        ]
-        return dict(zip(want, torch.cat(parts).cpu().split([len(p) for p in parts])))
+        V = self.num_real_tokens
+        real = logits[:, :V]
+        probs = torch.cat(
+            [torch.softmax(filter_logits(real[rows[b] : rows[b + 1]], batch[b].seq.params), -1) for b in want]
+        )
+        firsts, drafts, where = [], [], []
+        first = 0
+        for b in want:
+            s = batch[b]
+            ds = s.seq.drafts[: s.num_drafts]
+            # A depth over a draft vocabulary may pick an id past the tokenizer's: the target gives it
+            # probability 0, so it is rejected and nothing after it is read.
+            n = next((i for i, d in enumerate(ds) if d >= V), len(ds))
+            firsts.append(first)
+            drafts.append(ds[:n])
+            where += [(first + i, d) for i, d in enumerate(ds[:n])]
+            first += s.num_drafts + 1
+        p_draft = probs[[r for r, _ in where], [d for _, d in where]].tolist() if where else []
+        out, pick_rows, removed, uniforms = {}, [], [], []
+        j = 0
+        for b, first, ds in zip(want, firsts, drafts):
+            generator = generator_of(batch[b].seq)
+            kept = []
+            for i, d in enumerate(ds):
+                u = float(torch.rand((), generator=generator, dtype=torch.float64))
+                if u < p_draft[j + i]:
+                    kept.append(d)
+                    continue
+                break
+            j += len(ds)
+            rejected = len(kept) < len(ds)
+            pick_rows.append(first + len(kept))
+            removed.append(ds[len(kept)] if rejected else -1)
+            uniforms.append(float(torch.rand((), generator=generator, dtype=torch.float64)))
+            out[b] = kept
+        picks = draw_rows(probs, pick_rows, removed, uniforms)
+        return {b: [*kept, pick] for (b, kept), pick in zip(out.items(), picks)}
 
     def verify(
         self,
@@ -65,22 +109,18 @@ class SpeculativeDecoder:
         num_drafts: int,
         logits: torch.Tensor,
         targets: list[int] | None,
-        probs: torch.Tensor | None,
+        sampled: list[int] | None,
     ) -> tuple[list[int], list[float] | None, list[dict[int, float]] | None]:
         """The tokens a step with `num_drafts` drafts emits from its rows of `logits` (real vocabulary): greedy,
-        exact match against `targets` (the rows' argmaxes, where given); sampled, rejection sampling against
-        `probs` (the rows' target distributions, `verify_probs`). 1..k+1 tokens, with their logprobs and top
-        logprobs where the request asks (sampler.token_logprobs)."""
+        exact match against `targets` (the rows' argmaxes, where given); sampled, the tokens rejection
+        sampling drew (`verify_sampled`). 1..k+1 tokens, with their logprobs and top logprobs where the
+        request asks (sampler.token_logprobs)."""
         seq, params = state.seq, state.seq.params
         drafts = seq.drafts[:num_drafts]
         if params.greedy:
             tokens, _ = greedy_accept(drafts, logits) if targets is None else accept_targets(drafts, targets)
         else:
-            # Heads over a draft vocabulary may pick an id past the tokenizer's: the target gives it
-            # probability 0, so it is rejected and nothing after it is read.
-            n = next((i for i, d in enumerate(drafts) if d >= self.num_real_tokens), num_drafts)
-            q = one_hot_probs(drafts[:n], probs.shape[-1])
-            tokens = rejection_sample(drafts[:n], q, probs[: n + 1], state.draft_generator)
+            tokens = sampled
         if params.logprobs is None:
             return tokens, None, None
         return tokens, *token_logprobs(logits, tokens, params.logprobs)

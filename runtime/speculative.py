@@ -109,6 +109,27 @@ def rejection_sample(
     return [*emitted, _sample(target_probs[k].double(), generator)]
 
 
+def draw_rows(probs: torch.Tensor, rows: list[int], removed: list[int], uniforms: list[float]) -> list[int]:
+    """For each i, a draw from row rows[i] of `probs` [N, V] with token removed[i] taken out (-1: none; the
+    residual max(0, p - q) of a rejected one-hot draft), or from the whole row where that leaves nothing:
+    `_sample` at uniform uniforms[i], every row at once on the rows' device (one read back)."""
+    if not rows:
+        return []
+    device = probs.device
+    p = probs[torch.tensor(rows, device=device)].double()
+    residual = p.clone()
+    cut = [(i, d) for i, d in enumerate(removed) if d >= 0]
+    if cut:
+        residual[[i for i, _ in cut], [d for _, d in cut]] = 0.0
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
+    cdf = residual.cumsum(-1)
+    u = torch.tensor(uniforms, dtype=torch.float64, device=device)
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    # u * total rounded up to the total: the last token that has probability
+    last = residual.shape[1] - 1 - (residual > 0).flip(-1).int().argmax(-1)
+    return torch.minimum(picked, last).tolist()
+
+
 def one_hot_probs(draft_ids: Sequence[int], vocab_size: int, device=None) -> torch.Tensor:
     """draft_probs [k, V] for greedy drafts: each row one-hot at its draft."""
     q = torch.zeros(len(draft_ids), vocab_size, device=device)

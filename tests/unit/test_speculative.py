@@ -259,3 +259,32 @@ def test_inverse_cdf_draws_never_pick_a_zero_probability_token():
     draws = [_sample(weights, g) for _ in range(4000)]
     assert set(draws) == {1, 3}
     assert abs(draws.count(3) / len(draws) - 0.75) < 0.03
+
+
+def test_rows_drawn_together_equal_one_draw_each():
+    """`draw_rows` (the engine's corrections and bonuses, every row at once on the device) draws what
+    `_sample` draws from each row's residual at the same uniform: rows with a token removed, rows whole,
+    a row whose only mass is the removed token (then the whole row), zero-probability tails."""
+    from runtime.speculative import _sample, draw_rows
+
+    g = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(6, 50, generator=g) * 3, -1)
+    probs[2] = 0.0
+    probs[2, 7] = 1.0  # its removed token holds all the mass
+    probs[3, 40:] = 0.0
+    probs[3] /= probs[3].sum()
+    rows, removed = [0, 1, 2, 3, 5, 0], [4, -1, 7, 39, 10, -1]
+    want, uniforms = [], []
+    for r, d in zip(rows, removed):
+        p = probs[r].double()
+        residual = p.clone()
+        if d >= 0:
+            residual = (p - one_hot_probs([d], 50)[0].double()).clamp(min=0)
+        if not residual.sum() > 0:
+            residual = p
+        state = g.get_state()
+        want.append(_sample(residual, g))
+        g.set_state(state)
+        uniforms.append(float(torch.rand((), generator=g, dtype=torch.float64)))
+    assert draw_rows(probs, rows, removed, uniforms) == want
+    assert want[2] == 7 and want[3] < 40
