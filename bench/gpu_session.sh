@@ -16,6 +16,10 @@
 #                                             #   the CPU, then the call's carry [".carry"])
 #     bash bench/gpu_session.sh long-context  # 1 GPU: bench.long_context on inkling-bench (8K..1M, a
 #                                             #   neighbour beside a 256K prompt, 4 users at 256K)
+#     bash bench/gpu_session.sh long-needle   # 1 GPU: bench.long_needle, the trained small real Inkling at 8K..1M,
+#                                             #   engine against transformers fed in chunks (carry [".whl"])
+#     bash bench/gpu_session.sh mtp-batches   # 1 GPU: the real depths' MTP rounds at batch 1, 32, 64 (sampled),
+#                                             #   after the published GPU tests (carry [".whl"])
 #     bash bench/gpu_session.sh load          # 1 GPU: engine load times in fresh processes (bench.load)
 #     bash bench/gpu_session.sh train         # 1 GPU: retrain data/inkling-small (make train)
 #     bash bench/gpu_session.sh train-published  # 1 GPU: train data/inkling-small-published, the real
@@ -171,6 +175,19 @@ bench-decode | bench-mtp | bench-peers)
 long-context)
     run long_context 585 python3 -m bench.long_context --out "$OUT/long_context"
     pack long-context
+    ;;
+long-needle)
+    with_transformers
+    run long_needle 585 python3 -m bench.long_needle --budget_s 500 --out "$OUT/long_needle"
+    pack long-needle
+    ;;
+mtp-batches)
+    with_transformers
+    run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run e2e 340 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 128 \
+        --batches 1,32,64 --num_draft_tokens 3 --fixed_drafts --profile_batch 1 --tune_max_tokens 256 \
+        --decode_budget_s 8 --temperature 1 ${DRAFT_VOCAB:+--draft_vocab_size "$DRAFT_VOCAB"} --out "$OUT/e2e"
+    pack mtp-batches
     ;;
 profile)
     run e2e 400 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 64 \
