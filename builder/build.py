@@ -163,19 +163,14 @@ def build(
 def _draft_vocab(
     config: InklingConfig, bc: BuildConfig, tokenizer_json: str | None, ids: Sequence[int]
 ) -> list[int]:
-    from .draft_vocab import check_draft_vocab
+    from .draft_vocab import checked_draft_vocab
 
-    if not has_heads(config, bc):
-        raise BuildError("draft_vocab: this engine has no MTP heads (num_mtp_heads or max_draft_len is 0)")
     size = config.vocab_size
     if tokenizer_json is not None:  # padded rows past the tokenizer are never sampled, nor drafted
         from tokenizers import Tokenizer
 
         size = Tokenizer.from_str(tokenizer_json).get_vocab_size(with_added_tokens=True)
-    try:
-        return check_draft_vocab(ids, size)
-    except ValueError as e:
-        raise BuildError(str(e)) from e
+    return checked_draft_vocab(ids, size, has_heads(config, bc))
 
 
 def arrange_weights(

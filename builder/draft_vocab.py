@@ -39,6 +39,22 @@ def check_draft_vocab(ids: Sequence[int], vocab_size: int) -> list[int]:
     return sorted(ids)
 
 
+def checked_draft_vocab(ids: Sequence[int], vocab_size: int, can_draft: bool) -> list[int]:
+    """What a build keeps (`check_draft_vocab`), or a BuildError: the engine must have MTP depths to draft
+    with (can_draft), and every id must be below vocab_size (the real tokens: padded rows are never
+    sampled, nor drafted)."""
+    from .config import BuildError
+
+    if not can_draft:
+        raise BuildError(
+            "draft_vocab: this engine has no MTP depths to draft with (max_draft_len 0, or none in the model)"
+        )
+    try:
+        return check_draft_vocab(ids, vocab_size)
+    except ValueError as e:
+        raise BuildError(str(e)) from e
+
+
 def load_draft_vocab(path: str | os.PathLike) -> list[int]:
     """A JSON list of token ids, or an object with a "token_ids" list (what `count` writes)."""
     try:

@@ -99,22 +99,6 @@ def head_program_name(layer_type: str) -> str:
     return "mtp_head_" + ("sliding" if layer_type == "hybrid_sliding" else "full")
 
 
-def checked_draft_vocab(ids: Sequence[int], num_depths: int, num_tokens: int) -> list[int]:
-    """The draft vocabulary as the engine keeps it, or a BuildError: the engine must have depths to draft
-    with, and every id must be a real token (below unpadded_vocab_size: the padded rows are never
-    sampled, nor drafted)."""
-    from .draft_vocab import check_draft_vocab
-
-    if not num_depths:
-        raise BuildError(
-            "draft_vocab: this engine has no MTP depths to draft with (max_draft_len 0, or none in the checkpoint)"
-        )
-    try:
-        return check_draft_vocab(ids, num_tokens)
-    except ValueError as e:
-        raise BuildError(str(e)) from e
-
-
 def num_built_depths(config: InklingConfig, bc: BuildConfig) -> int:
     """The MTP depths an engine holds: drafts never exceed max_draft_len, so deeper ones would hold weights
     and KV that nobody reads."""
@@ -305,7 +289,9 @@ def build_published_tensors(
         log(f"MTP depths: {num_depths} of {config.mtp.num_layers} built (max_draft_len {bc.max_draft_len}), "
             f"kinds {list(config.mtp.layer_types[:num_depths])}")  # fmt: skip
     if draft_vocab is not None:
-        draft_vocab = checked_draft_vocab(draft_vocab, num_depths, config.text.unpadded_vocab_size)
+        from .draft_vocab import checked_draft_vocab
+
+        draft_vocab = checked_draft_vocab(draft_vocab, config.text.unpadded_vocab_size, num_depths > 0)
         log(f"MTP draft vocabulary: {len(draft_vocab)} tokens (each draft pick reads "
             f"{len(draft_vocab) / config.text.unpadded_vocab_size:.1%} of the unembedding)")  # fmt: skip
     settings = settings or PreprocessorSettings()
