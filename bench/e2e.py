@@ -282,6 +282,7 @@ def decode_run(
             tokens[d.request_id] += d.token_ids
 
     accepted_before = (eng.acceptance.steps, eng.acceptance.tokens)
+    preempted_before = eng.scheduler.num_preemptions
     steps: list[float] = []
     distinct: list[int] = []  # distinct last tokens across the batch after each timed step
     capture_steps: list[float] = []  # steps that captured a CUDA graph (a one-time cost): not timed
@@ -330,6 +331,8 @@ def decode_run(
         # Tokens over the timed steps' total time: 1 / mean step without MTP.
         "tokens_per_s_per_user": decoded / len(prompts) / sum(steps),
         "throughput_tokens_per_s": decoded / sum(steps),
+        # Sequences recomputed because the KV cache ran out (a GPU whose cache holds fewer than the batch)
+        "preemptions": eng.scheduler.num_preemptions - preempted_before,
     }
     if drafts:  # this run's MTP steps: tokens per step, bonus included
         mtp_steps = eng.acceptance.steps - accepted_before[0]
@@ -375,6 +378,8 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
         # runner (its own KV caches) beside this one, and its cache artifacts matter only for a later load.
         engine.config["build_config"]["compile"] = True
     llm = LLM(engine, cuda_graphs=args.cuda_graphs)
+    results["capacity"] = llm.engine.capacity()
+    print(f"[bench] {results['capacity']}", flush=True)
     if args.fixed_drafts:
         llm.engine.spec.draft_policy = draft_every_step
     if args.eager_pick:

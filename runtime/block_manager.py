@@ -155,6 +155,25 @@ def pool_peaks(
     return peaks
 
 
+def fit_pools(sizes: list[int], one_seq: list[int], block_bytes: list[int], budget: int) -> list[int]:
+    """Pools that fit `budget` bytes of KV cache: `sizes` (each pool's blocks for max_batch_size sequences
+    at max_seq_len) as they are if they fit, else shrunk in proportion, but never below `one_seq` (one such
+    sequence's peak): fewer sequences then run at once and the scheduler preempts the newest when blocks
+    run out. block_bytes[p]: what one block of pool p costs over every cache that holds it."""
+    want = sum(n * b for n, b in zip(sizes, block_bytes))
+    if want <= budget:
+        return list(sizes)
+    least = sum(n * b for n, b in zip(one_seq, block_bytes))
+    if least > budget:
+        raise MemoryError(
+            f"one sequence of max_seq_len needs {least / 2**30:.2f} GiB of KV cache, and "
+            f"{max(budget, 0) / 2**30:.2f} GiB are left for it beside the weights: build with a smaller "
+            "max_seq_len, or run on a GPU with more memory"
+        )
+    scale = budget / want
+    return [max(low, int(n * scale)) for n, low in zip(sizes, one_seq)]
+
+
 def kind_pools(group_windows: list[int]) -> list[int]:
     """The pool of each group by attention kind: group 0's kind is pool 0, the other kind pool 1."""
     first = bool(group_windows[0]) if group_windows else False

@@ -26,8 +26,8 @@ from builder.published_network import depth_weights
 from builder.sharding import DRAFT_LM_HEAD, TensorParallel
 from inkling.processing import image_patches
 
-from .block_manager import FREED, kind_pools, pool_peaks
-from .device_state import DeviceState
+from .block_manager import FREED, fit_pools, kind_pools, pool_peaks
+from .device_state import MAX_SNAPSHOTS, DeviceState, layout_k1, layout_rows
 from .device_tables import DeviceTables
 from .distributed import Workers
 from .drafter import Drafter, Heads, HeadWork
@@ -72,6 +72,12 @@ def default_cuda_graphs(device: torch.device, impls: dict, tp_size: int) -> bool
     until that path has run on GPUs."""
     ops = [op for op in GRAPH_OPS if op in impls]
     return device.type == "cuda" and tp_size == 1 and bool(ops) and all(impls[op] == "triton" for op in ops)
+
+
+# Of a GPU's memory, what the KV-cache sizing leaves to a step's activations (a prefill chunk of
+# max_num_tokens through the dense MLP, the MoE's routed rows, the MTP depths' passes, the logits) and to
+# the CUDA graphs' pools: inkling-bench with 3 depths at 2,048-token chunks ran out with 1.7 GB on an H100.
+ACTIVATION_RESERVE = 0.08
 
 
 class ModelRunner:
@@ -156,6 +162,8 @@ class ModelRunner:
                 if self.num_heads
                 else None
             )
+        if pooled and self.device.type == "cuda":
+            self._fit_pools_to_memory(per_pool)
         if engine.is_published:
             self.state = DeviceState.allocate_published(
                 self.layout, bc, self.num_blocks, self.device, self.dtype,
@@ -397,6 +405,44 @@ class ModelRunner:
             inputs, weights=self.weights, key_caches=self.key_caches, value_caches=self.value_caches,
             conv_states=self.conv_states,
         )  # fmt: skip
+
+    def _fit_pools_to_memory(self, one_seq: list[int]) -> None:
+        """Shrink the pools to kv_cache_free_gpu_memory_fraction of the memory free once the weights and
+        programs are in place and ACTIVATION_RESERVE of the GPU is set aside for the steps' activations and
+        the CUDA graphs, less the sconv states (block_manager.fit_pools)."""
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        left = free - int(ACTIVATION_RESERVE * total)
+        budget = int(left * self.build.kv_cache_free_gpu_memory_fraction) - self._state_bytes()
+        self.pool_sizes = fit_pools(self.pool_sizes, one_seq, self._pool_block_bytes(), budget)
+        self.num_blocks = sum(self.pool_sizes)
+
+    def _pool_block_bytes(self) -> list[int]:
+        """What one block of each pool costs: K and V in every cache of its kind (`_cache_blocks`), and
+        pool 0's in every built MTP depth too (they index group 0's blocks)."""
+        lay, item = self.layout, self.dtype.itemsize
+
+        def per_token(heads: list[int], dims: list[int]) -> int:
+            return sum(2 * h * d * item for h, d in zip(heads, dims))
+
+        g = len(lay["cache_kv_heads"]) // 2
+        kinds = {
+            False: per_token(lay["cache_kv_heads"][:g], lay["cache_head_dims"][:g]),
+            True: per_token(lay["cache_kv_heads"][g:], lay["cache_head_dims"][g:]),
+        }
+        out = [0] * len(self.pool_sizes)
+        for sliding, p in {bool(w): p for w, p in zip(lay["group_windows"], self.group_pools)}.items():
+            out[p] += kinds[sliding]
+        out[0] += per_token(lay["mtp_kv_heads"], lay["mtp_head_dims"])
+        return [self.block_size * n for n in out]
+
+    def _state_bytes(self) -> int:
+        """The float32 sconv states, the MTP depths' and the prefix cache's snapshots (allocate_published)."""
+        lay, bc = self.layout, self.build
+        rows = bc.max_batch_size * layout_rows(lay, bc) * 4
+        channels = sum(lay["conv_channels"])
+        heads = sum(sum(sites) for sites in lay["mtp_conv_channels"])
+        return rows * (channels + heads) + MAX_SNAPSHOTS * layout_k1(lay) * channels * 4
 
     def _cache_blocks(self) -> list[int]:
         """The real Inkling's caches' blocks: each kind's pool (`key_caches` lists pool_size full caches,

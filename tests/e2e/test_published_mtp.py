@@ -19,6 +19,7 @@ from inkling.published.mtp import MTPDepth, MTPReference
 from inkling.published.ops import bank_attention, deinterleave, residual_sconv, rms_norm, swiglu
 from inkling.published.synth import write_checkpoint
 from runtime import LLMEngine, PromptInput, SamplingParams
+from runtime.device_state import MAX_SNAPSHOTS
 
 from ..hooks import Oracle, kv_rows, override_drafts
 from .test_runtime import run_all
@@ -277,6 +278,15 @@ def test_only_the_depths_a_deployment_drafts_with_are_built(ckpt, plain):
     assert [k.shape[0] for k in eng.runner.head_key_caches] == [full, full]
     g = len(eng.runner.key_caches) // 2
     assert [k.shape[0] for k in eng.runner.key_caches] == [full] * g + [sliding] * g
+    # What a GPU's pools are fitted to (ModelRunner._fit_pools_to_memory) is what they take.
+    runner, nbytes = eng.runner, lambda ts: sum(t.numel() * t.element_size() for t in ts)
+    kv = [*runner.key_caches, *runner.value_caches, *runner.head_key_caches, *runner.head_value_caches]
+    assert sum(n * b for n, b in zip(runner.pool_sizes, runner._pool_block_bytes())) == nbytes(kv)
+    conv = nbytes([*runner.conv_states, *sum(runner.head_conv_states, [])])
+    snapshots = (
+        nbytes(runner.snapshots) * MAX_SNAPSHOTS // runner.num_snapshots
+    )  # as many as a GPU's pools hold
+    assert runner._state_bytes() == conv + snapshots
     with pytest.raises(ValueError, match="3 exceeds this engine's 2 MTP heads"):
         eng.add_request("x", PromptInput(torch.tensor([1, 2])), SamplingParams(num_draft_tokens=3))
     few = [r for r in requests if r[2].num_draft_tokens <= 2]

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from runtime.block_manager import FREED, BlockManager, peak_blocks
+from runtime.block_manager import FREED, BlockManager, fit_pools, peak_blocks
 
 
 def manager(num_blocks=24, windows=(0, 32)):
@@ -211,3 +211,15 @@ def test_default_pool_holds_a_full_batch_at_max_seq_len():
             bm.allocate(seq, min(max_seq_len, n + margin))
             bm.free_behind_windows(seq, n)
     assert all(len(s.tables[0]) == max_seq_len // bs for s in seqs)
+
+
+def test_pools_fit_the_memory_left_beside_the_weights():
+    """fit_pools: as sized when they fit; else shrunk in proportion, never below one sequence's peak; a
+    clear error when not even that fits."""
+    sizes, one, cost = [640, 96], [10, 3], [1000, 200]  # 64 sequences; a full block costs 5 sliding ones
+    assert fit_pools(sizes, one, cost, 10**9) == sizes
+    half = fit_pools(sizes, one, cost, (640 * 1000 + 96 * 200) // 2)
+    assert half == [320, 48] and sum(n * b for n, b in zip(half, cost)) <= (640 * 1000 + 96 * 200) // 2
+    assert fit_pools(sizes, one, cost, 10 * 1000 + 3 * 200) == one
+    with pytest.raises(MemoryError, match="one sequence of max_seq_len needs"):
+        fit_pools(sizes, one, cost, 10 * 1000 + 3 * 200 - 1)
