@@ -92,6 +92,10 @@ class BuildConfig:
     dtype: str = "bfloat16"
     device: str = "cpu"
     tp_size: int = 1
+    # Expert parallelism (the real Inkling): ep_size ranks, each owning num_experts / ep_size whole routed
+    # experts and a 1/ep_size slice of the shared experts' width; attention and the rest replicated
+    # (builder/expert_parallel.py).
+    ep_size: int = 1
     # torch.compile the step program at build and save the compiler's cache artifacts in the engine, so
     # that a load compiles from them; the runtime then compiles the MTP head program too. Off by default:
     # the build's compile step warms a second runner (another set of KV caches) and tp > 1 builds do not
@@ -110,6 +114,7 @@ class BuildConfig:
             "max_num_tokens",
             "tokens_per_block",
             "tp_size",
+            "ep_size",
         ):
             _require(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
         _require(
@@ -124,6 +129,11 @@ class BuildConfig:
             0 < self.kv_cache_free_gpu_memory_fraction <= 1,
             f"kv_cache_free_gpu_memory_fraction must be in (0, 1], got {self.kv_cache_free_gpu_memory_fraction}",
         )
+
+    @property
+    def world_size(self) -> int:
+        """The ranks an engine of this build runs on."""
+        return self.tp_size * self.ep_size
 
     @property
     def max_blocks_per_seq(self) -> int:

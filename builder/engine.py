@@ -112,6 +112,15 @@ class Engine:
     def tp_size(self) -> int:
         return self.config.get("mapping", {}).get("tp_size", 1)
 
+    @property
+    def ep_size(self) -> int:
+        return self.config.get("mapping", {}).get("ep_size", 1)
+
+    @property
+    def world_size(self) -> int:
+        """The ranks the engine runs on: tp_size × ep_size."""
+        return world_size_of(self.config)
+
     def ranks(self) -> dict[int, RankShard]:
         """The ranks' parts this object holds: its own and, built in memory, the others'."""
         return {self.rank: RankShard(self.weights, self.programs), **self.other_ranks}
@@ -136,8 +145,10 @@ class Engine:
 
     def _write(self, d: str) -> None:
         ranks = self.ranks()
-        if sorted(ranks) != list(range(self.tp_size)):
-            raise EngineError(f"saving needs every rank's part: have ranks {sorted(ranks)} of {self.tp_size}")
+        if sorted(ranks) != list(range(self.world_size)):
+            raise EngineError(
+                f"saving needs every rank's part: have ranks {sorted(ranks)} of {self.world_size}"
+            )
         files = {}
         for rank, part in sorted(ranks.items()):
             fname = f"rank{rank}.safetensors"
@@ -295,18 +306,24 @@ def check_compatible(config: dict[str, Any], device: str | None) -> None:
             raise EngineError(f"engine config is corrupt: {e}") from e
 
 
+def world_size_of(config: dict[str, Any]) -> int:
+    """The ranks an engine (its config.json) runs on: its mapping's world_size (tp_size × ep_size)."""
+    mapping = config.get("mapping", {})
+    return mapping.get("world_size", mapping.get("tp_size", 1))
+
+
 def check_mapping(engine_dir: str, config: dict[str, Any], rank: int, world_size: int | None) -> None:
     """The ranks launched must be the ranks the engine was built for."""
-    tp_size = config.get("mapping", {}).get("tp_size", 1)
-    if world_size is not None and world_size != tp_size:
+    mapping = config.get("mapping", {})
+    n = world_size_of(config)
+    split = f"tp_size {mapping.get('tp_size', 1)}, ep_size {mapping.get('ep_size', 1)}"
+    if world_size is not None and world_size != n:
         raise EngineError(
-            f"engine {engine_dir} was built for tp_size {tp_size} and runs on exactly {tp_size} ranks, "
-            f"not {world_size}: launch {tp_size} ranks or rebuild it with --tp_size {world_size}"
+            f"engine {engine_dir} was built for {split} and runs on exactly {n} ranks, not {world_size}: "
+            f"launch {n} ranks or rebuild it for {world_size}"
         )
-    if not 0 <= rank < tp_size:
-        raise EngineError(
-            f"engine {engine_dir} has ranks 0..{tp_size - 1} (tp_size {tp_size}), not rank {rank}"
-        )
+    if not 0 <= rank < n:
+        raise EngineError(f"engine {engine_dir} has ranks 0..{n - 1} ({split}), not rank {rank}")
 
 
 def check_files(engine_dir: str, config: dict[str, Any], verify: str = "auto") -> None:

@@ -30,7 +30,8 @@ from inkling.published.towers import AudioEmbedding, EncoderProgram, VisionTower
 from .compile import compile_into
 from .config import BuildConfig, BuildError
 from .contracts import HEAD, STEP
-from .engine import ENGINE_FORMAT_VERSION, Engine
+from .engine import ENGINE_FORMAT_VERSION, Engine, RankShard
+from .expert_parallel import ExpertParallel
 from .profiles import BuildLog, export_dims
 from .published_network import (
     PublishedCacheLayout,
@@ -298,6 +299,18 @@ def build_published_tensors(
     impls = resolve_impls(bc)
     for name, impl in impls.items():
         log(f"plugin {name}: {impl}, version {plugins.get(name).version}")
+    ep = ExpertParallel(config, bc.ep_size)
+    if bc.ep_size > 1:
+        if impls["sigmoid_sink_moe"] == "triton":
+            raise BuildError(
+                f"expert parallelism (ep_size {bc.ep_size}) runs the MoE's reference impl only: build with "
+                "--expert_sink_moe_plugin reference (the Triton kernels take every expert)"
+            )
+        if bc.compile:
+            raise BuildError("--compile with ep_size > 1 is not supported yet (it compiles on one process)")
+        impls["collectives"] = bc.plugin_config.resolve_collectives(bc.device)
+        log(f"expert parallel: {bc.ep_size} ranks, {ep.experts_per_rank} routed experts each, the shared "
+            f"experts' width split, collectives {impls['collectives']}")  # fmt: skip
     with log.phase("weights"):
         weights = {n: t.to(device) for n, t in engine_tensors(config, tensors, dtype, num_depths)}
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
@@ -312,14 +325,23 @@ def build_published_tensors(
         step_weights = {
             n: w for n, w in weights.items() if not n.startswith(("model.visual.", "model.audio.", "mtp."))
         }
+        other_ranks = {
+            r: RankShard(ep.rank_weights(step_weights, r), {}) for r in range(1, bc.ep_size)
+        }  # fmt: skip
+        weights = {n: ep.shard(n, w, 0) for n, w in weights.items()}
+        step_weights = {n: weights[n] for n in step_weights}
         example = {"weights": step_weights, **step_example(config, bc, device, dtype)}
         args = [example[name] for name in STEP.names]
         dynamic = STEP.dynamic_shapes(export_dims(bc), example)
         with torch.no_grad():
             moe_tiles = json.dumps(tuning["sigmoid_sink_moe"]) if "sigmoid_sink_moe" in tuning else ""
             step = torch.export.export(
-                PublishedStepProgram(config, impls, moe_tiles), tuple(args), dynamic_shapes=dynamic
+                PublishedStepProgram(config, impls, moe_tiles, bc.ep_size),
+                tuple(args),
+                dynamic_shapes=dynamic,
             )
+        for part in other_ranks.values():  # every rank's step has the same shapes and ops
+            part.programs["step"] = step
         towers = {n: w for n, w in weights.items() if n.startswith(("model.visual.", "model.audio."))}
         weights = {n: w for n, w in weights.items() if n not in towers}
         programs = {
@@ -339,7 +361,12 @@ def build_published_tensors(
         "pretrained_config": config.to_dict(),
         "build_config": bc.to_dict(),
         "plugin_config": {"impls": impls, "ops": ops, "tuning": tuning},
-        "mapping": {"world_size": 1, "tp_size": 1, "ep_size": 1},
+        "mapping": {
+            "world_size": bc.ep_size,
+            "tp_size": 1,
+            "ep_size": bc.ep_size,
+            "experts_per_rank": ep.experts_per_rank,
+        },  # fmt: skip
         "quantization": config.quant.to_dict("engine") if config.quant else None,
         "device": bc.device,
         "dtype": bc.dtype,
@@ -348,7 +375,15 @@ def build_published_tensors(
         "encoders": encoder_layout(config, bc),
         "preprocessor": settings.to_dict(),
     }
-    engine = Engine(engine_config, weights, programs, tokenizer_json, generation_config, log.lines)
+    engine = Engine(
+        engine_config,
+        weights,
+        programs,
+        tokenizer_json,
+        generation_config,
+        log.lines,
+        other_ranks=other_ranks,
+    )
     if bc.compile:
         compile_into(engine, lambda n, q: step_example(config, bc, device, dtype, num_seqs=n, q=q), log)
     return engine

@@ -129,9 +129,12 @@ class PublishedStepProgram(nn.Module):
     -> (logits float32 [N, num_real_tokens], hidden [T, H]): the STEP contract's arguments
     (builder/contracts.py); block_tables int32 [G, B, MB], slot_mappings int64 [G, T] per layer group."""
 
-    def __init__(self, config: InklingConfig, impls: dict[str, str], moe_tiles: str = ""):
+    def __init__(self, config: InklingConfig, impls: dict[str, str], moe_tiles: str = "", ep_size: int = 1):
+        """ep_size > 1: each rank holds its share of the routed experts and of the shared experts' width
+        (builder/expert_parallel.py); the MoE's partial sums meet by a reduce-scatter and an all-gather
+        over the hidden channels (an all-reduce, float32 in rank order: impls["collectives"])."""
         super().__init__()
-        self.c, self.impls, self.moe_tiles = config, impls, moe_tiles
+        self.c, self.impls, self.moe_tiles, self.ep_size = config, impls, moe_tiles, ep_size
         self.layout = PublishedCacheLayout.of(config)
 
     def sconv(self, x, weight, state, state_idx, cu):
@@ -187,13 +190,17 @@ class PublishedStepProgram(nn.Module):
             return self.dense_mlp(w, f"{p}.", m)
         e = f"{p}.mlp.experts"
         sh = f"{p}.mlp.shared_experts"
-        return torch.ops.inkling.sigmoid_sink_moe(
+        y = torch.ops.inkling.sigmoid_sink_moe(
             m, w[f"{p}.mlp.gate.weight"], w[f"{p}.mlp.gate.bias"], w[f"{p}.mlp.gate.global_scale"],
             w[f"{e}.w13_weight"], w.get(f"{e}.w13_weight.scale", _EMPTY), w.get(f"{e}.w13_weight.scale2", _EMPTY),
             w[f"{e}.w2_weight"], w.get(f"{e}.w2_weight.scale", _EMPTY), w.get(f"{e}.w2_weight.scale2", _EMPTY),
             w[f"{sh}.shared_w13_weight"], w[f"{sh}.shared_w2_weight"], t.route_scale, t.num_experts_per_tok,
-            self.moe_tiles, self.impls["sigmoid_sink_moe"],
+            self.moe_tiles, self.impls["sigmoid_sink_moe"], self.ep_size,
         )  # fmt: skip
+        if self.ep_size == 1:
+            return y
+        n, impl = self.ep_size, self.impls["collectives"]
+        return torch.ops.inkling.all_gather(torch.ops.inkling.reduce_scatter(y, n, impl), n, impl)
 
     @STEP.implements
     def forward(

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from builder.engine import world_size_of
 from plugins.collectives import init_communicator, set_communicator
 
 CONTROL_TIMEOUT = timedelta(days=365)  # a worker waits for the next call as long as the server idles
@@ -158,7 +159,7 @@ class Workers:
                 "torch.distributed is already initialised in this process: one tensor-parallel LLM per "
                 "process at a time (shut the other down first)"
             )
-        self.world_size = config["mapping"]["tp_size"]
+        self.world_size = world_size_of(config)
         device = config["device"]
         collectives = config["plugin_config"]["impls"].get("collectives", "reference")
         port = _free_port()

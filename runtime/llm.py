@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from builder.engine import Engine, read_engine_config
+from builder.engine import Engine, read_engine_config, world_size_of
 from inkling.processing import ProcessedPrompt, Processor
 from inkling.published.chat import ChatRenderer
 
@@ -72,20 +72,20 @@ class LLM:
         decoding sequences keeps tokens x (context + tokens) within it (runtime/scheduler.py)."""
         self.workers = None
         if isinstance(engine, Engine):
-            if engine.tp_size > 1:
+            if engine.world_size > 1:
                 raise ValueError(
-                    f"a tensor-parallel engine (tp_size {engine.tp_size}) runs from its directory, where "
-                    "each rank loads its own part: save it and pass the path"
+                    f"a multi-rank engine (tp_size {engine.tp_size}, ep_size {engine.ep_size}) runs from its "
+                    "directory, where each rank loads its own part: save it and pass the path"
                 )
         else:
             config = read_engine_config(os.fspath(engine))
-            tp_size = config.get("mapping", {}).get("tp_size", 1)
-            if tp_size > 1:
+            world_size = world_size_of(config)
+            if world_size > 1:
                 graphs = "cuda" if cuda_graphs else ("pad_eager" if pad_eager else "off")
                 self.workers = Workers(os.fspath(engine), config, num_blocks, graphs)
                 weakref.finalize(self, self.workers.shutdown)
             try:
-                engine = Engine.from_dir(engine, world_size=tp_size)
+                engine = Engine.from_dir(engine, world_size=world_size)
             except BaseException:
                 self.shutdown()
                 raise

@@ -98,9 +98,9 @@ class ModelRunner:
         cuda_graphs: replay decode/verify steps and MTP head passes from CUDA graphs per (batch, tokens)
         bucket (runtime/step_graphs.py); None: default_cuda_graphs decides. pad_eager (tests): pad them to
         the buckets but run eager. compile: torch.compile the programs (None: as the engine was built)."""
-        if engine.tp_size > 1 and engine.rank == 0 and workers is None:
+        if engine.world_size > 1 and engine.rank == 0 and workers is None:
             raise ValueError(
-                f"this engine is tensor-parallel (tp_size {engine.tp_size}): run it with LLM(engine_dir), "
+                f"this engine runs on {engine.world_size} ranks: run it with LLM(engine_dir), "
                 "which starts its ranks"
             )
         self.engine = engine
@@ -202,7 +202,7 @@ class ModelRunner:
         # tensor-parallel one take rank 0's host tables with each step.
         self.tables = (
             DeviceTables(self.num_groups, bc.max_batch_size, bc.max_blocks_per_seq, self.device)
-            if engine.tp_size == 1
+            if engine.world_size == 1
             else None
         )
         self.drafter = Drafter(heads, c, bc, engine.config, self.tables)
@@ -226,7 +226,7 @@ class ModelRunner:
         self.step_graphs = self.head_graphs = self.draft_graphs = None
         impls = self.engine.config["plugin_config"]["impls"]
         if cuda_graphs is None:
-            cuda_graphs = not pad_eager and default_cuda_graphs(self.device, impls, self.engine.tp_size)
+            cuda_graphs = not pad_eager and default_cuda_graphs(self.device, impls, self.engine.world_size)
         if not (cuda_graphs or pad_eager):
             return
         if cuda_graphs:
@@ -625,8 +625,9 @@ class ModelRunner:
     # MTP heads.
     def run_heads(self, work: list[HeadWork]) -> list[list[int]]:
         """A round of the MTP heads over `work` (runtime/drafter.py): each work item's drafts. Under tensor
-        parallelism every rank runs the round on its share of the heads (`run_heads_remote`)."""
-        if self.workers is not None:
+        parallelism every rank runs the round on its share of the heads (`run_heads_remote`); under
+        expert parallelism rank 0 alone holds the (dense) depths and drafts alone."""
+        if self.workers is not None and self.engine.tp_size > 1:
             self.workers.call("run_heads_remote", [w.remote() for w in work])
         self._apply_shifts()
         return self.drafter.run(work)

@@ -97,10 +97,23 @@ def sigmoid_sink_moe(
     top_k: int,
     tile_configs: str,
     impl: str,
+    ep_size: int = 1,
 ) -> torch.Tensor:
     """BF16 routed experts pass empty scale tensors; NVFP4 ones their E4M3 block scales and float32 [E]
-    global scales (plugins/moe/reference.py says every shape). tile_configs as expert_sink_moe's."""
+    global scales (plugins/moe/reference.py says every shape). tile_configs as expert_sink_moe's.
+    ep_size > 1: the stacks are this rank's share of the experts (its rank from the process's
+    communicator, as the collectives find theirs) and the result its part of the sum."""
     check_impl(SIGMOID_SPEC.name, impl)
+    offset = 0
+    if ep_size > 1:
+        if impl == "triton":
+            raise NotImplementedError(
+                "inkling::sigmoid_sink_moe: expert parallelism runs the reference impl only (the Triton "
+                "kernels take every expert)"
+            )
+        from plugins.collectives import get_communicator
+
+        offset = get_communicator().rank * w13.shape[0]
     if impl == "triton":
         if not can_run_triton(x):
             raise RuntimeError(
@@ -117,11 +130,11 @@ def sigmoid_sink_moe(
         )  # fmt: skip
     return reference.sigmoid_sink_moe(
         x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
-        shared_w2, route_scale, top_k,
+        shared_w2, route_scale, top_k, offset,
     )  # fmt: skip
 
 
 @sigmoid_sink_moe.register_fake
 def _(x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
-      shared_w2, route_scale, top_k, tile_configs, impl):  # fmt: skip
+      shared_w2, route_scale, top_k, tile_configs, impl, ep_size=1):  # fmt: skip
     return torch.empty_like(x)

@@ -82,10 +82,15 @@ def sigmoid_sink_moe(
     shared_w2: torch.Tensor,  # [S, H, I]
     route_scale: float,
     top_k: int,
+    expert_offset: int = 0,
 ) -> torch.Tensor:
     """The real Inkling's MoE (INKLING_SPEC §3.6): the sigmoid router, the chosen routed experts (each
     weight after its down projection, accumulated in x's dtype) and the shared experts (weighted before
-    their down projection, summed in float32), as transformers computes them."""
+    their down projection, summed in float32), as transformers computes them.
+
+    Under expert parallelism (builder/expert_parallel.py) the stacks hold experts expert_offset ..
+    expert_offset + w13.shape[0] - 1 of the gate's E, and the shared experts a slice of their width: the
+    result is this rank's part of the sum, the router's choices being every rank's."""
     from inkling.published.ops import sigmoid_route, swiglu
 
     dtype = x.dtype
@@ -93,7 +98,10 @@ def sigmoid_sink_moe(
     quantized = w13_scale.numel() > 0
     y = torch.zeros_like(x)
     for e in torch.unique(idx).tolist():
+        if not expert_offset <= e < expert_offset + w13.shape[0]:
+            continue  # another rank's expert
         rows, slot = torch.nonzero(idx == e, as_tuple=True)
+        e -= expert_offset
         if quantized:
             sel = torch.tensor([e], device=x.device)
             gate_up = dequantize_nvfp4(w13[sel], w13_scale[sel], w13_scale_2[sel][:, None, None])[0]

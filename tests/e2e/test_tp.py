@@ -303,7 +303,9 @@ def test_overlapped_steps_on_every_rank(engine_dirs, baseline):
 
 
 def test_wrong_world_size_is_refused(engine_dirs):
-    with pytest.raises(EngineError, match="built for tp_size 2 and runs on exactly 2 ranks, not 4"):
+    with pytest.raises(
+        EngineError, match="built for tp_size 2, ep_size 1 and runs on exactly 2 ranks, not 4"
+    ):
         Engine.from_dir(engine_dirs[2], world_size=4)
     with pytest.raises(EngineError, match="not rank 2"):
         Engine.from_dir(engine_dirs[2], rank=2)
