@@ -27,15 +27,13 @@ Writes parallel_projection.json and parallel_projection.md into --out.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 from dataclasses import asdict, dataclass
 
 from inkling.published.config import preset
 
 from .bound import BANDWIDTH, BF16, NVFP4, real_expected_distinct_experts
-from .projection import H200_BYTES, busiest_share, total_weight_bytes
+from .projection import H200_BYTES, busiest_share, total_weight_bytes, write
 
 LAYOUTS = ("tp", "attn-tp/ep", "dp/ep")
 
@@ -168,14 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collective_us", type=float, default=10.0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
     p = project(args)
-    with open(os.path.join(args.out, "parallel_projection.json"), "w") as f:
-        json.dump(p, f, indent=1)
-    text = table(p)
-    with open(os.path.join(args.out, "parallel_projection.md"), "w") as f:
-        f.write(text)
-    print(text)
+    write(args.out, "parallel_projection", p, table(p))
     return 0
 
 

@@ -164,15 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
     p = project(args)
-    with open(os.path.join(args.out, "projection.json"), "w") as f:
+    write(args.out, "projection", p, table(p))
+    return 0
+
+
+def write(out: str, name: str, p: dict, text: str) -> None:
+    """A projection's figures as out/NAME.json and its table as out/NAME.md, the table printed too."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
         json.dump(p, f, indent=1)
-    text = table(p)
-    with open(os.path.join(args.out, "projection.md"), "w") as f:
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
         f.write(text)
     print(text)
-    return 0
 
 
 if __name__ == "__main__":

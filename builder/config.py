@@ -131,11 +131,6 @@ class BuildConfig:
         )
 
     @property
-    def world_size(self) -> int:
-        """The ranks an engine of this build runs on."""
-        return self.tp_size * self.ep_size
-
-    @property
     def max_blocks_per_seq(self) -> int:
         return -(-self.max_seq_len // self.tokens_per_block)
 

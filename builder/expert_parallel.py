@@ -52,11 +52,6 @@ class ExpertParallel:
     def experts_per_rank(self) -> int:
         return self.config.text.n_routed_experts // self.ep_size
 
-    def placement(self) -> list[list[int]]:
-        """The routed experts each rank owns."""
-        k = self.experts_per_rank
-        return [list(range(r * k, (r + 1) * k)) for r in range(self.ep_size)]
-
     def shard(self, name: str, t: torch.Tensor, rank: int) -> torch.Tensor:
         """Rank `rank`'s part of the engine tensor `name` (the tensor itself where it is replicated)."""
         n = self.ep_size

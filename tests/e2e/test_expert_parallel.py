@@ -3,7 +3,7 @@ over gloo.
 
 Engines for ep_size 1, 2 and 4 are built from one synthetic inkling-tiny checkpoint with NVFP4 routed
 experts (16 of them, 2 shared of width 32): ep 2 and 4 run as LLMs that start their workers themselves,
-and must give ep 1's greedy tokens and, within LOGIT_ATOL, its logits (float32: the ranks' partial MoE
+and must give ep 1's greedy tokens and, within test_tp.LOGIT_ATOL, its logits (float32: the ranks' partial MoE
 sums are added in another order than one rank's). Each rank's file holds 1/N of the routed experts and of
 the shared experts' width, and everything else whole.
 """
@@ -21,10 +21,8 @@ from inkling.published.config import preset
 from inkling.published.synth import write_checkpoint
 from runtime import LLM, PromptInput, SamplingParams
 
-from ..hooks import Oracle, override_drafts
-from .test_tp import record_logits
+from .test_tp import assert_same_logits, record_logits, with_oracle_drafts
 
-LOGIT_ATOL = 1e-4  # float32 logits of O(1)
 MAX_TOKENS = 6
 SIZES = dict(
     dtype="float32", device="cpu", max_batch_size=4, max_input_len=64, max_seq_len=96, max_num_tokens=48,
@@ -143,10 +141,7 @@ class TestExpertParallelLLM:
         want_tokens, want_logits = baseline
         tokens, logits = generate(llm)
         assert tokens == want_tokens
-        assert len(logits) == len(want_logits)
-        diff = max(float((a - b).abs().max()) for a, b in zip(logits, want_logits))
-        print(f"ep{n}: {len(logits)} steps, logits max |diff| vs ep1 = {diff:.2e}")
-        assert diff < LOGIT_ATOL
+        assert_same_logits(logits, want_logits, f"ep{n}", "ep1")
         # Again from the prefix cache (sconv snapshots restored on every rank)
         stats = llm.engine.stats
         before = stats.prefill_tokens
@@ -160,18 +155,7 @@ class TestExpertParallelLLM:
         want = baseline[0]
         params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_draft_tokens=2)
         assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
-        oracle = Oracle({f"r{i}": t for i, t in enumerate(want)}, {f"r{i}": len(p.input_ids) for i, p in enumerate(PROMPTS)}, 1000)  # fmt: skip
-        override_drafts(llm.engine, oracle)
-        try:
-            for i, p in enumerate(PROMPTS):
-                llm.engine.add_request(f"r{i}", p, params)
-            got: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
-            while llm.engine.has_unfinished():
-                for d in llm.engine.step():
-                    got[d.request_id] += d.token_ids
-        finally:
-            override_drafts(llm.engine, None)
-        assert list(got.values()) == want
+        assert with_oracle_drafts(llm, want, PROMPTS) == want
         assert 0 < llm.engine.acceptance.acceptance_rate < 1
 
 

@@ -178,10 +178,7 @@ class TestTensorParallelLLM:
         want_tokens, want_logits, _ = baseline
         tokens, logits = generate(llm)
         assert tokens == want_tokens
-        assert len(logits) == len(want_logits)
-        diff = max(float((a - b).abs().max()) for a, b in zip(logits, want_logits))
-        print(f"tp{n}: {len(logits)} steps, logits max |diff| vs tp1 = {diff:.2e}")
-        assert diff < LOGIT_ATOL
+        assert_same_logits(logits, want_logits, f"tp{n}", "tp1")
 
     def test_each_rank_holds_its_slice(self, tp_llm, baseline):
         """Measured on the running ranks: output/MoE sconv states, K/V sconv states and the KV cache are 1/N of
@@ -227,6 +224,14 @@ class TestTensorParallelLLM:
         assert 0 < llm.engine.acceptance.acceptance_rate < 1, llm.engine.acceptance.acceptance_rates
 
 
+def assert_same_logits(logits: list[torch.Tensor], want: list[torch.Tensor], name: str, base: str) -> None:
+    """As many steps as `want`, each step's logits within LOGIT_ATOL of its own."""
+    assert len(logits) == len(want)
+    diff = max(float((a - b).abs().max()) for a, b in zip(logits, want))
+    print(f"{name}: {len(logits)} steps, logits max |diff| vs {base} = {diff:.2e}")
+    assert diff < LOGIT_ATOL
+
+
 def drafts_of(llm: LLM) -> list[list[list[int]]]:
     """Every MTP round's drafts (rank 0's `run_heads`) while PROMPTS generate with 2 drafts a step."""
     runner, seen = llm.engine.runner, []
@@ -244,10 +249,10 @@ def drafts_of(llm: LLM) -> list[list[list[int]]]:
     return seen
 
 
-def with_oracle_drafts(llm: LLM, plain: list[list[int]]) -> list[list[int]]:
-    """PROMPTS with 2 drafts each from an Oracle that knows the plain tokens and cuts them at random
-    (accepts and rejects, so rollbacks reach every rank): each request's tokens."""
-    prompts = [llm.prepare(p) for p in PROMPTS]
+def with_oracle_drafts(llm: LLM, plain: list[list[int]], prompts: list | None = None) -> list[list[int]]:
+    """`prompts` (default PROMPTS) with 2 drafts each from an Oracle that knows the plain tokens and cuts
+    them at random (accepts and rejects, so rollbacks reach every rank): each request's tokens."""
+    prompts = [llm.prepare(p) for p in (PROMPTS if prompts is None else prompts)]
     want = {f"r{i}": tokens for i, tokens in enumerate(plain)}
     override_drafts(
         llm.engine, Oracle(want, {f"r{i}": len(p.input_ids) for i, p in enumerate(prompts)}, 1000)
