@@ -95,26 +95,31 @@ def prefill_flops(c: InklingConfig, num_tokens: int) -> float:
 # MLP; then the unembedding's unpadded rows.
 
 
-def real_decode_step_bytes(c, kv_len: int, distinct_experts: int | None = None) -> StepBytes:
-    """Bytes one decode step of the real Inkling reads for one sequence with `kv_len` tokens of context (one
-    GPU). distinct_experts: routed experts touched per MoE layer (top-k for one token)."""
-    t = c.text
+def real_decode_step_bytes(
+    c, kv_len: int, distinct_experts: int | None = None, tp_size: int = 1
+) -> StepBytes:
+    """Bytes one decode step of the real Inkling reads for one sequence with `kv_len` tokens of context, per
+    GPU of `tp_size` (builder/tensor_parallel.py: query heads, every MLP's width and the unembedding's rows
+    split; KV heads split, or replicated where there are fewer than ranks; the router and the relative
+    banks whole). distinct_experts: routed experts touched per MoE layer (top-k for one token)."""
+    t, n = c.text, tp_size
     H, I = t.hidden_size, t.moe_intermediate_size
     experts = t.num_experts_per_tok if distinct_experts is None else distinct_experts
     weights = rel = kv = 0.0
     for layer in range(t.num_hidden_layers):
         a = t.attention(layer)
+        kv_split = min(n, a.num_kv_heads)
         keys = min(kv_len, a.window or kv_len)
-        weights += ((a.q_size + 2 * a.kv_size + a.r_size) * H + H * a.q_size) * BF16
+        weights += ((a.q_size + a.r_size) * H + H * a.q_size) * BF16 / n + 2 * a.kv_size * H * BF16 / kv_split
         if t.is_dense(layer):
-            weights += 3 * t.intermediate_size * H * BF16
+            weights += 3 * t.intermediate_size * H * BF16 / n
         else:
             routed = NVFP4 if c.experts_quantized(layer) else BF16
             weights += (t.n_routed_experts + t.n_shared_experts) * H * BF16  # the router
-            weights += t.n_shared_experts * 3 * I * H * BF16 + experts * 3 * I * H * routed
+            weights += (t.n_shared_experts * 3 * I * H * BF16 + experts * 3 * I * H * routed) / n
         rel += a.d_rel * min(keys, a.rel_extent) * BF16
-        kv += 2 * keys * a.kv_size * BF16
-    return StepBytes(weights, rel, kv, t.num_real_tokens * H * BF16)
+        kv += 2 * keys * a.kv_size * BF16 / kv_split
+    return StepBytes(weights, rel, kv, -(-t.num_real_tokens // n) * H * BF16)
 
 
 def real_expected_distinct_experts(c, tokens: int) -> float:

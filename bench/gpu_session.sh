@@ -182,11 +182,14 @@ long-needle)
     pack long-needle
     ;;
 mtp-batches)
+    # MTP_BATCHES, PROMPT_LEN (an H100 holds batch 64 whole at 2,048 tokens, not at 8,192), DRAFT_VOCAB;
+    # SKIP_TESTS=1 leaves out the published GPU tests
     with_transformers
-    run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
-    run e2e 340 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 128 \
-        --batches 1,32,64 --num_draft_tokens 3 --fixed_drafts --profile_batch 1 --tune_max_tokens 256 \
-        --decode_budget_s 8 --temperature 1 ${DRAFT_VOCAB:+--draft_vocab_size "$DRAFT_VOCAB"} --out "$OUT/e2e"
+    [ -n "${SKIP_TESTS:-}" ] || run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run e2e 380 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 128 \
+        --batches "${MTP_BATCHES:-1,32,64}" --prompt_len "${PROMPT_LEN:-8192}" --num_draft_tokens 3 --fixed_drafts \
+        --profile_batch 1 --tune_max_tokens 256 --decode_budget_s 8 --temperature 1 \
+        ${DRAFT_VOCAB:+--draft_vocab_size "$DRAFT_VOCAB"} --out "$OUT/e2e"
     pack mtp-batches
     ;;
 profile)

@@ -1,7 +1,8 @@
-"""Tensor parallelism on the GPU host: greedy tokens and decode speed of tp_size N against tp_size 1.
+"""Tensor parallelism on the GPU host: the real Inkling's greedy tokens and decode speed of tp_size N
+against tp_size 1 (builder/tensor_parallel.py).
 
     python -m bench.tp --preset inkling-bench --tp 2 --work /tmp/tp --out DIR [--cuda_graphs]   # 2 GPUs
-    python -m bench.tp --preset inkling-bench --layers 2 ...   # a 22 GB engine: saved and loaded 3x sooner
+    python -m bench.tp --preset inkling-bench --layers 2 ...   # its last 2 layers (one full): saved sooner
     python -m bench.tp --preset inkling-tiny --device cpu --tp 2 --context 64 --tokens 4 --work DIR --out DIR
 
 One prompt of `--context` random tokens, greedy, batch 1:
@@ -9,13 +10,14 @@ One prompt of `--context` random tokens, greedy, batch 1:
 - tp_size N: built in memory, saved to `--work` (a tensor-parallel engine runs from its directory: each
   rank loads its part), run by an LLM that starts its N-1 worker processes, one GPU per rank.
 Each decode step is timed once the prompt is in (bench.e2e.decode_run). The bound per GPU is the bytes
-a rank reads per step (bench/bound.py with tp_size: the router and lm_head are read whole by every
-rank) over GPU.md's bandwidth; the collectives' latency (two per layer) is not in it.
+a rank reads per step (bench/bound.py with tp_size: the router and the relative banks are read whole by
+every rank) over GPU.md's bandwidth; the collectives' latency (four per layer) is not in it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import gc
 import json
@@ -26,13 +28,30 @@ import time
 
 import torch
 
-from builder import BuildConfig, PluginConfig, build
-from inkling.synth import iter_synthetic_tensors, synth_config
-from inkling.tokenizer import build_tokenizer
+from builder import BuildConfig, PluginConfig
+from builder.profiles import BuildLog
+from builder.published_build import build_published_tensors
+from inkling.published.config import preset
+from inkling.published.synth import iter_tensors
 from runtime import LLM
 
-from .bound import decode_step_bytes
-from .e2e import decode_run, timed
+from .bound import real_decode_step_bytes
+from .e2e import decode_run, random_prompt, timed
+
+
+def bench_config(name: str, layers: int | None):
+    """The preset with NVFP4 experts, cut to its last `layers` layers (inkling-bench's last is full)."""
+    c = preset(name, nvfp4=True)
+    if not layers:
+        return c
+    t = c.text
+    text = dataclasses.replace(
+        t,
+        num_hidden_layers=layers,
+        layer_types=t.layer_types[-layers:],
+        mlp_layer_types=t.mlp_layer_types[-layers:],
+    )
+    return c.replace(text=text)
 
 
 def build_engine(args: argparse.Namespace, config, tp_size: int):
@@ -44,10 +63,8 @@ def build_engine(args: argparse.Namespace, config, tp_size: int):
             tune=args.device == "cuda", tune_max_tokens=args.tune_max_tokens, collectives=args.collectives
         ),
     )  # fmt: skip
-    tensors = iter_synthetic_tensors(config, args.seed, args.device)
-    engine, seconds = timed(lambda: build(tensors, bc, config=config))
-    engine.tokenizer_json = build_tokenizer().to_str()
-    return engine, seconds
+    tensors = iter_tensors(config, args.seed, args.device)
+    return timed(lambda: build_published_tensors(config, tensors, bc, BuildLog(echo=False), has_mtp=False))
 
 
 def run(llm: LLM, prompt: torch.Tensor, args: argparse.Namespace) -> tuple[dict, list[int]]:
@@ -116,11 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.device == "cuda":  # a stall (a collective, a load) says where it is, once a minute
         faulthandler.dump_traceback_later(60, repeat=True)
-    config, _ = synth_config(args.preset, layers=args.layers, mtp_heads=0, nvfp4=True)
-    # random ordinary token ids after the earlier model's bos (its tokenizer's ids 0-10 are special)
-    g = torch.Generator().manual_seed(args.seed)
-    ids = torch.randint(11, config.vocab_size - 256, (args.context - 1,), generator=g)
-    prompt = torch.cat([torch.tensor([config.token_id("bos")]), ids])
+    config = bench_config(args.preset, args.layers)
+    prompt = random_prompt(config, args.context, args.seed)
     results: dict = {
         "command": " ".join(["python", "-m", "bench.tp", *(sys.argv[1:] if argv is None else argv)]),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
@@ -151,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     kv_len = args.context + args.tokens // 2
     for n, r in results["runs"].items():
         if "step_s_median" in r:
-            bound = decode_step_bytes(config, kv_len, tp_size=n)
+            bound = real_decode_step_bytes(config, kv_len, tp_size=n)
             r["bound_bytes_per_gpu"] = bound.total
             r["bound_tokens_per_s"] = 1 / bound.seconds
             r["fraction_of_bound"] = bound.seconds / r["step_s_median"]

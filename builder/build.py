@@ -75,8 +75,11 @@ def build(
             f"MTP draft vocabulary: {len(draft_vocab)} tokens (each draft pick reads "
             f"{len(draft_vocab) / config.vocab_size:.1%} of lm_head)"
         )
-    if bc.ep_size != 1:
-        raise BuildError(f"expert parallelism (ep_size {bc.ep_size}) is built for the real Inkling only")
+    if bc.ep_size != 1 or bc.tp_size != 1:
+        raise BuildError(
+            f"tensor and expert parallelism (tp_size {bc.tp_size}, ep_size {bc.ep_size}) are built for the "
+            "real Inkling only"
+        )
     tp = TensorParallel(config, bc.tp_size)
     impls = bc.plugin_config.resolve(bc.device)
     for name, impl in impls.items():

@@ -10,7 +10,8 @@ engine holds both kinds). The MTP depths a deployment drafts with (the first max
 BF16 even from an NVFP4 checkpoint as the file keeps them, with one head program per attention kind among
 them (`mtp_head_full`, `mtp_head_sliding`: the kinds' KV heads differ). A CUDA engine runs the Triton
 kernels (the attention and MoE kernels of the earlier model, on the real model's bank and router), its MoE
-tiles tuned at build. Not built yet: tensor parallelism (its issue).
+tiles tuned at build. With tp_size or ep_size > 1 the engine holds one weights file per rank
+(builder/tensor_parallel.py, builder/expert_parallel.py); the two do not combine yet.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .published_network import (
     depth_weights,
     engine_tensors,
 )
+from .tensor_parallel import DRAFT_UNEMBED, UNEMBED, TensorParallel
 
 OPS = ("sconv", "kv_cache_write", "bank_attention", "sigmoid_sink_moe")
 
@@ -106,9 +108,11 @@ def num_built_depths(config: InklingConfig, bc: BuildConfig) -> int:
     return min(config.mtp.num_layers, bc.max_draft_len)
 
 
-def cache_layout(config: InklingConfig, num_depths: int = 0) -> dict:
+def cache_layout(config: InklingConfig, num_depths: int = 0, tp_size: int = 1) -> dict:
+    """The caches and sconv states of one rank (tp_size > 1: its KV heads and channels; the MTP depths are
+    rank 0's, whole)."""
     lay = PublishedCacheLayout.of(config)
-    t = config.text
+    t, tp = config.text, TensorParallel(config, tp_size)
     depths = [config.mtp_attention(d) for d in range(num_depths)]
     return {
         "mtp_kv_heads": [a.num_kv_heads for a in depths],
@@ -118,9 +122,9 @@ def cache_layout(config: InklingConfig, num_depths: int = 0) -> dict:
         "slot_of_layer": list(lay.cache_of_layer),
         "group_windows": [t.sliding_window_size if k == "hybrid_sliding" else 0 for k in lay.group_kinds],
         "pool_size": len(lay.cache_kinds()),
-        "cache_kv_heads": [t.attention_of(k).num_kv_heads for k in lay.cache_kinds()],
+        "cache_kv_heads": [tp.attention_of(k).num_kv_heads for k in lay.cache_kinds()],
         "cache_head_dims": [t.attention_of(k).head_dim for k in lay.cache_kinds()],
-        "conv_channels": conv_channels(config),
+        "conv_channels": tp.conv_channels() if tp_size > 1 else conv_channels(config),
         "conv_dtype": "float32",
         "sconv_kernel_size": t.conv_kernel_size,
     }
@@ -133,7 +137,7 @@ def step_example(
     nothing specialises), the last row of each wanted. With num_seqs and q: that many sequences of q new
     tokens each and no media, as a runtime's prefill (q > 1) or decode step (q = 1) would be (the shapes
     `--compile` warms the compiler on)."""
-    lay = cache_layout(config)
+    lay = cache_layout(config, tp_size=bc.tp_size)
     G, MB, bs = len(lay["group_windows"]), bc.max_blocks_per_seq, bc.tokens_per_block
     i32 = dict(dtype=torch.int32, device=device)
     q_lens = [3, 2] if num_seqs is None else [q] * num_seqs
@@ -280,8 +284,11 @@ def build_published_tensors(
     synthesized in memory on the GPU (inkling.published.synth.iter_tensors; bench/e2e.py) for models larger
     than the disk. has_mtp: the tensors hold the MTP depths the config names. draft_vocab: as
     build_published."""
-    if bc.tp_size != 1:
-        raise BuildError(f"tensor parallelism (tp_size {bc.tp_size}) is not built for the real Inkling yet")
+    if bc.tp_size > 1 and bc.ep_size > 1:
+        raise BuildError(
+            f"tensor parallelism with expert parallelism (tp_size {bc.tp_size}, ep_size {bc.ep_size}) is not "
+            "built yet: pick one"
+        )
     dtype, device = getattr(torch, bc.dtype), torch.device(bc.device)
     num_depths = num_built_depths(config, bc) if has_mtp else 0
     if not has_mtp:
@@ -299,7 +306,12 @@ def build_published_tensors(
     impls = resolve_impls(bc)
     for name, impl in impls.items():
         log(f"plugin {name}: {impl}, version {plugins.get(name).version}")
-    ep = ExpertParallel(config, bc.ep_size)
+    ep, tp = ExpertParallel(config, bc.ep_size), TensorParallel(config, bc.tp_size)
+    if bc.tp_size > 1:
+        if bc.compile:
+            raise BuildError("--compile with tp_size > 1 is not supported yet (it compiles on one process)")
+        impls["collectives"] = bc.plugin_config.resolve_collectives(bc.device)
+        log(f"tensor parallel: {bc.tp_size} ranks, collectives {impls['collectives']}, per rank {tp.sizes()}")
     if bc.ep_size > 1:
         if impls["sigmoid_sink_moe"] == "triton":
             raise BuildError(
@@ -315,6 +327,21 @@ def build_published_tensors(
         weights = {n: t.to(device) for n, t in engine_tensors(config, tensors, dtype, num_depths)}
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
         log(f"weights: {len(weights)} tensors, {nbytes / 1e9:.3f} GB")
+        step_weights = {
+            n: w for n, w in weights.items() if not n.startswith(("model.visual.", "model.audio.", "mtp."))
+        }
+        # The other ranks' step weights; rank 0's share, with its MTP depths and towers whole (and, under
+        # tensor parallelism, the whole unembedding for their draft picks)
+        other_ranks = {
+            r: RankShard(tp.rank_weights(ep.rank_weights(step_weights, r), r), {})
+            for r in range(1, bc.tp_size * bc.ep_size)
+        }
+        if bc.tp_size > 1 and num_depths:
+            weights[DRAFT_UNEMBED] = weights[UNEMBED]
+        weights = {
+            n: tp.shard(n, ep.shard(n, w, 0), 0) if n in step_weights else w for n, w in weights.items()
+        }
+        step_weights = {n: weights[n] for n in step_weights}
     tuning = {}
     if impls["sigmoid_sink_moe"] == "triton" and bc.plugin_config.tune and bc.device == "cuda":
         with log.phase("tune"):
@@ -322,21 +349,13 @@ def build_published_tensors(
             if table:
                 tuning["sigmoid_sink_moe"] = table
     with log.phase("export"):
-        step_weights = {
-            n: w for n, w in weights.items() if not n.startswith(("model.visual.", "model.audio.", "mtp."))
-        }
-        other_ranks = {
-            r: RankShard(ep.rank_weights(step_weights, r), {}) for r in range(1, bc.ep_size)
-        }  # fmt: skip
-        weights = {n: ep.shard(n, w, 0) for n, w in weights.items()}
-        step_weights = {n: weights[n] for n in step_weights}
         example = {"weights": step_weights, **step_example(config, bc, device, dtype)}
         args = [example[name] for name in STEP.names]
         dynamic = STEP.dynamic_shapes(export_dims(bc), example)
         with torch.no_grad():
             moe_tiles = json.dumps(tuning["sigmoid_sink_moe"]) if "sigmoid_sink_moe" in tuning else ""
             step = torch.export.export(
-                PublishedStepProgram(config, impls, moe_tiles, bc.ep_size),
+                PublishedStepProgram(config, impls, moe_tiles, bc.ep_size, bc.tp_size),
                 tuple(args),
                 dynamic_shapes=dynamic,
             )
@@ -362,16 +381,17 @@ def build_published_tensors(
         "build_config": bc.to_dict(),
         "plugin_config": {"impls": impls, "ops": ops, "tuning": tuning},
         "mapping": {
-            "world_size": bc.ep_size,
-            "tp_size": 1,
+            "world_size": bc.tp_size * bc.ep_size,
+            "tp_size": bc.tp_size,
             "ep_size": bc.ep_size,
             "experts_per_rank": ep.experts_per_rank,
-        },  # fmt: skip
+            **(tp.sizes() if bc.tp_size > 1 else {}),
+        },
         "quantization": config.quant.to_dict("engine") if config.quant else None,
         "device": bc.device,
         "dtype": bc.dtype,
         "draft_vocab": draft_vocab,
-        "cache_layout": cache_layout(config, num_depths),
+        "cache_layout": cache_layout(config, num_depths, bc.tp_size),
         "encoders": encoder_layout(config, bc),
         "preprocessor": settings.to_dict(),
     }

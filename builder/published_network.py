@@ -32,6 +32,7 @@ from inkling.published.config import FULL, SLIDING, AttentionShape, InklingConfi
 from inkling.published.ops import deinterleave, rms_norm
 
 from .contracts import HEAD, STEP
+from .tensor_parallel import UNEMBED, TensorParallel
 
 _EMPTY = torch.empty(0)
 
@@ -129,18 +130,41 @@ class PublishedStepProgram(nn.Module):
     -> (logits float32 [N, num_real_tokens], hidden [T, H]): the STEP contract's arguments
     (builder/contracts.py); block_tables int32 [G, B, MB], slot_mappings int64 [G, T] per layer group."""
 
-    def __init__(self, config: InklingConfig, impls: dict[str, str], moe_tiles: str = "", ep_size: int = 1):
+    def __init__(
+        self,
+        config: InklingConfig,
+        impls: dict[str, str],
+        moe_tiles: str = "",
+        ep_size: int = 1,
+        tp_size: int = 1,
+    ):
         """ep_size > 1: each rank holds its share of the routed experts and of the shared experts' width
         (builder/expert_parallel.py); the MoE's partial sums meet by a reduce-scatter and an all-gather
-        over the hidden channels (an all-reduce, float32 in rank order: impls["collectives"])."""
+        over the hidden channels (an all-reduce, float32 in rank order: impls["collectives"]).
+        tp_size > 1: each rank holds its heads and its slices of every MLP and of the unembedding
+        (builder/tensor_parallel.py); attention's and the MLP's partial sums are reduce-scattered, their
+        sconvs run on the rank's channels, and an all-gather rebuilds the residual; the logits are
+        gathered."""
         super().__init__()
         self.c, self.impls, self.moe_tiles, self.ep_size = config, impls, moe_tiles, ep_size
+        self.tp = TensorParallel(config, tp_size)
         self.layout = PublishedCacheLayout.of(config)
 
     def sconv(self, x, weight, state, state_idx, cu):
         """u + conv(u) in float32 (INKLING_SPEC §3.3), cast back to x's dtype."""
         u = x.float()
         return (u + torch.ops.inkling.sconv(u, weight, state, state_idx, cu, self.impls["sconv"])).to(x.dtype)
+
+    def summed_sconv(self, part, weight, state, state_idx, cu):
+        """The sconv of the sum of the ranks' partial sums `part` [T, H]: under tensor parallelism
+        reduce-scattered, convolved on this rank's channels (its slice of the weight and state) and
+        gathered; otherwise `part` is the whole sum."""
+        n = self.tp.tp_size
+        if n == 1:
+            return self.sconv(part, weight, state, state_idx, cu)
+        impl = self.impls["collectives"]
+        own = torch.ops.inkling.reduce_scatter(part, n, impl)
+        return torch.ops.inkling.all_gather(self.sconv(own, weight, state, state_idx, cu), n, impl)
 
     def attention(self, w, p, a, shape: AttentionShape, meta, key_cache, value_cache, conv, log_scaling=True):
         """One attention block of `shape` (a trunk layer's or an MTP depth's); log_scaling: apply the
@@ -202,6 +226,15 @@ class PublishedStepProgram(nn.Module):
         n, impl = self.ep_size, self.impls["collectives"]
         return torch.ops.inkling.all_gather(torch.ops.inkling.reduce_scatter(y, n, impl), n, impl)
 
+    def logits(self, w, rows):
+        """muP-scaled logits over the unpadded vocabulary: under tensor parallelism each rank's slice of
+        the vocabulary, gathered, its padding dropped."""
+        t, n = self.c.text, self.tp.tp_size
+        if n == 1:
+            return rows / t.logits_mup_width_multiplier @ w[UNEMBED][: t.num_real_tokens].T
+        part = rows / t.logits_mup_width_multiplier @ w[UNEMBED].T
+        return torch.ops.inkling.all_gather(part, n, self.impls["collectives"])[:, : t.num_real_tokens]
+
     @STEP.implements
     def forward(
         self,
@@ -238,21 +271,17 @@ class PublishedStepProgram(nn.Module):
                 w,
                 p,
                 rms_norm(x, w[f"{p}.attn_norm.weight"], eps),
-                t.attention(i),
+                self.tp.attention(i),
                 meta,
                 key_caches[j],
                 value_caches[j],
                 conv,
             )
-            x = x + self.sconv(o, w[f"{p}.attn_sconv.weight"], conv[2], state_indices, cu_seqlens_q)
+            x = x + self.summed_sconv(o, w[f"{p}.attn_sconv.weight"], conv[2], state_indices, cu_seqlens_q)
             f = self.mlp(w, p, rms_norm(x, w[f"{p}.mlp_norm.weight"], eps), i)
-            x = x + self.sconv(f, w[f"{p}.mlp_sconv.weight"], conv[3], state_indices, cu_seqlens_q)
+            x = x + self.summed_sconv(f, w[f"{p}.mlp_sconv.weight"], conv[3], state_indices, cu_seqlens_q)
         normed = rms_norm(x, w["model.llm.norm.weight"], eps)
-        logits = (
-            normed[logits_indices]
-            / t.logits_mup_width_multiplier
-            @ w["model.llm.unembed.weight"][: t.num_real_tokens].T
-        )
+        logits = self.logits(w, normed[logits_indices])
         # The hidden states MTP depth 0 reads: after the final norm (INKLING_SERVING §1.2), or before it
         # with mtp_config.target_hidden_pre_norm
         return logits.float(), (x if self.c.mtp.target_hidden_pre_norm else normed)

@@ -24,6 +24,7 @@ from builder.contracts import STEP, StepInputs
 from builder.engine import Engine
 from builder.published_network import depth_weights
 from builder.sharding import DRAFT_LM_HEAD, TensorParallel
+from builder.tensor_parallel import DRAFT_UNEMBED
 from inkling.processing import image_patches
 
 from .block_manager import FREED, fit_pools, kind_pools, pool_peaks
@@ -98,6 +99,10 @@ class ModelRunner:
         cuda_graphs: replay decode/verify steps and MTP head passes from CUDA graphs per (batch, tokens)
         bucket (runtime/step_graphs.py); None: default_cuda_graphs decides. pad_eager (tests): pad them to
         the buckets but run eager. compile: torch.compile the programs (None: as the engine was built)."""
+        if engine.world_size > 1 and not engine.is_published:
+            raise ValueError(
+                "the earlier model's tensor-parallel engines are retired: rebuild from a real Inkling checkpoint"
+            )
         if engine.world_size > 1 and engine.rank == 0 and workers is None:
             raise ValueError(
                 f"this engine runs on {engine.world_size} ranks: run it with LLM(engine_dir), "
@@ -143,11 +148,18 @@ class ModelRunner:
         # inkling-bench's batch 64 each head's KV is 13.5 GiB, and all 8 did not fit beside the weights.
         has_heads = any(name.startswith("mtp_head") for name in engine.programs)
         self.num_heads = min(c.num_mtp_heads, bc.max_draft_len) if has_heads else 0
+        # Drafts a step may verify on every rank, the ranks without depths too: the step graphs' buckets
+        # must be the same on every rank, or their collectives would not meet
+        self.step_drafts = bc.max_draft_len if (self.num_heads or self.layout.get("mtp_kv_heads")) else 0
+        # A rank without the depths (a worker of a multi-rank real Inkling) holds no state for them
+        depth_keys = ("mtp_kv_heads", "mtp_head_dims", "mtp_conv_channels")
+        self.layout = {k: v[: self.num_heads] if k in depth_keys else v for k, v in self.layout.items()}
         weights_of = depth_weights if engine.is_published else (lambda w, d: head_weights(w, d + 1))
         self.head_weights = [weights_of(weights, d) for d in range(self.num_heads)]
-        # The draft pick's lm_head: the whole one (tensor-parallel ranks keep it beside their vocabulary
-        # slice, builder/sharding.py).
-        self.lm_head = weights.get(DRAFT_LM_HEAD, self.weights[LM_HEAD[engine.is_published]])
+        # The draft pick's lm_head: the whole one (a tensor-parallel rank 0 keeps it beside its vocabulary
+        # slice: builder/tensor_parallel.py; the earlier model's every rank, builder/sharding.py).
+        draft_head = DRAFT_UNEMBED if engine.is_published else DRAFT_LM_HEAD
+        self.lm_head = weights.get(draft_head, self.weights[LM_HEAD[engine.is_published]])
         programs = Programs.load(engine, self.device, self.dtype, bool(self.num_heads), compile)
         self.step, self.head, self.vision, self.audio = (
             programs.step,
@@ -191,7 +203,6 @@ class ModelRunner:
         # they are of. Every method that reads or writes sconv states applies them first.
         self._pending_shifts: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
         self._pending_keys: set[tuple[int, int]] = set()
-        self.last_hidden: torch.Tensor | None = None  # a worker's last step hidden states (see execute)
         # The media splice's dummy row of every step and head pass (no program writes it).
         self.splice_row = torch.zeros(1, c.hidden_size, dtype=self.dtype, device=self.device)
         heads = Heads(
@@ -236,7 +247,7 @@ class ModelRunner:
             if any(impls[op] != "triton" for op in GRAPH_OPS if op in impls):
                 raise ValueError(f"cuda_graphs needs the Triton plugins, the engine has {impls}")
         bc = self.build
-        q = 1 + (bc.max_draft_len if self.num_heads else 0)  # tokens a sequence feeds: 1 + its drafts
+        q = 1 + self.step_drafts  # tokens a sequence feeds: 1 + its drafts
         # T_g <= max_seq_len: the padding sequence's reads (positions < T_g - T) stay in its block-table row.
         tokens = token_buckets(bc.max_batch_size, q, min(bc.max_num_tokens, bc.max_seq_len))
         qs = q_buckets(q)
@@ -382,14 +393,7 @@ class ModelRunner:
     @torch.no_grad()
     def execute(self, inputs: StepInputs, graphed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The step program over this rank's weights, caches and states; with graphed, from the step
-        graphs where they are on (ragged inputs stay on the host until copied into a bucket). On a worker
-        with MTP heads the hidden states stay as `last_hidden` (`run_heads_remote` reads them)."""
-        logits, hidden = self._execute(inputs, graphed)
-        if self.engine.rank > 0 and self.num_heads:  # only a worker's heads read it back
-            self.last_hidden = hidden
-        return logits, hidden
-
-    def _execute(self, inputs: StepInputs, graphed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        graphs where they are on (ragged inputs stay on the host until copied into a bucket)."""
         self._apply_shifts()  # deferred rollbacks, before the step reads the states
         if graphed and self.step_graphs is not None:
             args = self._step_args(inputs)
@@ -542,9 +546,7 @@ class ModelRunner:
         """Forget the last counts[m-1] sconv inputs of MTP head m of a sequence, every head in one go."""
         if any(not 0 <= n <= self.build.max_draft_len for n in counts):
             raise ValueError(f"can roll back 0..{self.build.max_draft_len} tokens, not {counts}")
-        if any(counts):
-            self._mirror("rollback_heads", slot, counts, defer)
-        if not self.num_heads:
+        if not self.num_heads:  # rank 0 alone holds the depths (none on the workers of a multi-rank engine)
             return
         keys, srcs, dsts = [], [], []
         for m, n in enumerate(counts, 1):
@@ -625,23 +627,9 @@ class ModelRunner:
     # MTP heads.
     def run_heads(self, work: list[HeadWork]) -> list[list[int]]:
         """A round of the MTP heads over `work` (runtime/drafter.py): each work item's drafts. Under tensor
-        parallelism every rank runs the round on its share of the heads (`run_heads_remote`); under
-        expert parallelism rank 0 alone holds the (dense) depths and drafts alone."""
-        if self.workers is not None and self.engine.tp_size > 1:
-            self.workers.call("run_heads_remote", [w.remote() for w in work])
+        or expert parallelism rank 0 holds the (dense) depths whole and drafts alone."""
         self._apply_shifts()
         return self.drafter.run(work)
-
-    def run_heads_remote(self, work: list[HeadWork]) -> None:
-        """A worker's side of `run_heads`: the fresh rows come from its own last step's hidden states, and
-        its heads' collectives meet rank 0's. The drafts come out the same on every rank (the same pick
-        on the same rows), so none is sent back."""
-        if not self.num_heads:
-            return
-        self._apply_shifts()
-        for w in work:
-            w.fresh_rows = self.last_hidden[w.fresh_offset : w.fresh_offset + w.computed - w.fresh_start]
-        self.drafter.run(work)
 
 
 def engine_vocab(engine: Engine) -> int:

@@ -49,3 +49,23 @@ def test_batch_bound_counts_the_experts_a_batch_touches():
     assert decode_batch_seconds(c, 8256, 32) == pytest.approx(8.91e-3, rel=0.01)
     steps = [decode_batch_seconds(c, 8256, b) for b in (1, 8, 32, 64)]
     assert steps == sorted(steps) and steps[-1] < 64 * steps[0]
+
+
+def test_real_bytes_per_gpu_under_tensor_parallelism():
+    """inkling-1t at tp 8 (builder/tensor_parallel.py): every kind's KV heads split (8 and 16 of them), so
+    the KV and the unembedding are 1/8 a GPU, the weights 1/8 but for the router, which every rank reads
+    whole; the relative banks too."""
+    from bench.bound import real_decode_step_bytes
+    from inkling.published.config import preset as real_preset
+
+    c = real_preset("inkling-1t", nvfp4=True)
+    t = c.text
+    one, eight = real_decode_step_bytes(c, 8192), real_decode_step_bytes(c, 8192, tp_size=8)
+    router = sum(
+        (t.n_routed_experts + t.n_shared_experts) * t.hidden_size * 2
+        for i in range(t.num_hidden_layers)
+        if not t.is_dense(i)
+    )
+    assert eight.kv == pytest.approx(one.kv / 8) and eight.rel_embed == one.rel_embed
+    assert eight.lm_head == pytest.approx(one.lm_head / 8, rel=1e-4)
+    assert eight.weights == pytest.approx((one.weights - router) / 8 + router)
