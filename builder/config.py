@@ -18,6 +18,13 @@ class BuildError(ValueError):
     """A build that cannot be made as asked."""
 
 
+def require_divides(split: str, n: int, sizes: list[tuple[str, int]]) -> None:
+    """A split over n ranks (split: "tp_size", "ep_size") must divide each (what, size) it cuts."""
+    for what, size in sizes:
+        if size % n:
+            raise BuildError(f"{split} {n} does not divide {what} ({size})")
+
+
 def _require(cond: bool, msg: str) -> None:
     if not cond:
         raise BuildError(msg)

@@ -24,7 +24,7 @@ import torch
 
 from inkling.published.config import InklingConfig
 
-from .config import BuildError
+from .config import require_divides
 
 ROUTED = ".mlp.experts."  # a routed stack's tensors: [E, ...] (w13/w2 codes or weights, scales, scale2)
 SHARED_W13 = ".mlp.shared_experts.shared_w13_weight"  # [S, 2I, H] = [gate; up] (engine_tensors)
@@ -39,14 +39,16 @@ class ExpertParallel:
     ep_size: int = 1
 
     def __post_init__(self) -> None:
-        t, n = self.config.text, self.ep_size
-        for what, value in (
-            ("n_routed_experts", t.n_routed_experts),
-            ("moe_intermediate_size (the shared experts' width)", t.moe_intermediate_size),
-            ("hidden_size (the MoE's all-reduce)", t.hidden_size),
-        ):
-            if value % n:
-                raise BuildError(f"ep_size {n} does not divide {what} ({value})")
+        t = self.config.text
+        require_divides(
+            "ep_size",
+            self.ep_size,
+            [
+                ("n_routed_experts", t.n_routed_experts),
+                ("moe_intermediate_size (the shared experts' width)", t.moe_intermediate_size),
+                ("hidden_size (the MoE's all-reduce)", t.hidden_size),
+            ],
+        )
 
     @property
     def experts_per_rank(self) -> int:

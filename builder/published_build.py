@@ -124,7 +124,7 @@ def cache_layout(config: InklingConfig, num_depths: int = 0, tp_size: int = 1) -
         "pool_size": len(lay.cache_kinds()),
         "cache_kv_heads": [tp.attention_of(k).num_kv_heads for k in lay.cache_kinds()],
         "cache_head_dims": [t.attention_of(k).head_dim for k in lay.cache_kinds()],
-        "conv_channels": tp.conv_channels() if tp_size > 1 else conv_channels(config),
+        "conv_channels": conv_channels(config, tp_size),
         "conv_dtype": "float32",
         "sconv_kernel_size": t.conv_kernel_size,
     }

@@ -68,13 +68,14 @@ class PublishedCacheLayout:
         return (FULL,) * self.pool_size + (SLIDING,) * self.pool_size
 
 
-def conv_channels(c: InklingConfig) -> list[int]:
-    """Channels of each layer's four sconv states (k, v, attention output, MLP output)."""
-    t = c.text
+def conv_channels(c: InklingConfig, tp_size: int = 1) -> list[int]:
+    """Channels of each layer's four sconv states (k, v, attention output, MLP output) on one of tp_size
+    ranks: its KV heads' and its slice of the hidden channels (builder/tensor_parallel.py)."""
+    tp = TensorParallel(c, tp_size)
     out = []
-    for i in range(t.num_hidden_layers):
-        kv = t.attention(i).kv_size
-        out += [kv, kv, t.hidden_size, t.hidden_size]
+    for i in range(c.text.num_hidden_layers):
+        kv = tp.attention(i).kv_size
+        out += [kv, kv, tp.hidden_slice, tp.hidden_slice]
     return out
 
 

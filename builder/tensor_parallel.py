@@ -28,7 +28,7 @@ import torch
 
 from inkling.published.config import FULL, SLIDING, AttentionShape, InklingConfig
 
-from .config import BuildError
+from .config import BuildError, require_divides
 
 NVFP4_GROUP = 16  # inputs per NVFP4 block scale: a slice of an expert's width holds whole groups
 DRAFT_UNEMBED = "mtp.unembed.weight"  # rank 0 of a tp > 1 engine: the whole unembedding, for draft picks
@@ -54,9 +54,7 @@ class TensorParallel:
         ]
         if t.n_routed_experts:
             checks.append(("moe_intermediate_size", t.moe_intermediate_size))
-        for what, value in checks:
-            if value % n:
-                raise BuildError(f"tp_size {n} does not divide {what} ({value})")
+        require_divides("tp_size", n, checks)
         for what, kv in (
             ("num_key_value_heads", t.num_key_value_heads),
             ("swa_num_key_value_heads", t.swa_num_key_value_heads),
@@ -92,20 +90,6 @@ class TensorParallel:
     def vocab_slice(self) -> int:
         """Unembedding rows per rank (the last rank's padded with zero rows)."""
         return -(-self.config.text.num_real_tokens // self.tp_size)
-
-    def conv_channels(self) -> list[int]:
-        """Channels of each layer's four sconv states on one rank (k, v, attention output, MLP output)."""
-        t = self.config.text
-        return [
-            C
-            for i in range(t.num_hidden_layers)
-            for C in (
-                self.attention(i).kv_size,
-                self.attention(i).kv_size,
-                self.hidden_slice,
-                self.hidden_slice,
-            )
-        ]
 
     def sizes(self) -> dict[str, object]:
         """The per-rank sizes the engine's `mapping` records."""
