@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .block_manager import BlockManager
-from .sampler import sample_token
+from .sampler import sample_tokens
 from .scheduler import ScheduledSeq, Scheduler
 
 
@@ -52,12 +52,7 @@ def make_picks(step: LaunchedStep, logits: torch.Tensor, generators: list[torch.
     draw from its request's generator (the draw the host's sampler would make, so the tokens are the same),
     with its logprob where asked, both on their way to the host through pinned memory."""
     batch = step.batch
-    if all(s.seq.params.greedy for s in batch):
-        step.picks = logits.argmax(-1)
-    else:
-        step.picks = torch.stack(
-            [sample_token(row, s.seq.params, g) for s, row, g in zip(batch, logits, generators)]
-        )
+    step.picks = sample_tokens(logits, [s.seq.params for s in batch], generators)
     logprobs = None
     if any(s.seq.params.logprobs is not None for s in batch):
         nan = torch.full((), float("nan"), device=logits.device)

@@ -38,16 +38,73 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return x
 
 
+def _params_key(params: SamplingParams) -> tuple:
+    return params.temperature, params.top_k, params.top_p
+
+
+def target_probs(
+    logits: torch.Tensor, spans: list[tuple[int, int]], params: list[SamplingParams]
+) -> torch.Tensor:
+    """softmax(filter_logits) of each span [start, end) of rows of `logits` [N, V] under its own params,
+    concatenated in span order: one filter and one softmax for all spans of the same params, not one per
+    span (a softmax over one 200K-token row runs on one thread block: 51 µs on the H200, so a decode step
+    at batch 32 paid 1.6 ms for them row by row, bench/results/gpu-2026-12-06/plain-batches/). Each
+    row's values are those of its own softmax (the kernel reduces a row the same way whatever the batch),
+    so a request's draws do not depend on its neighbours."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(_params_key(p), []).append(i)
+    parts = []
+    for members in groups.values():
+        chosen = [spans[i] for i in members]
+        contiguous = all(a[1] == b[0] for a, b in zip(chosen, chosen[1:]))
+        x = (
+            logits[chosen[0][0] : chosen[-1][1]]
+            if contiguous
+            else torch.cat([logits[a:b] for a, b in chosen])
+        )
+        parts.append((members, torch.softmax(filter_logits(x, params[members[0]]), -1)))
+    if len(parts) == 1:
+        return parts[0][1]
+    starts, total = [], 0
+    for a, b in spans:
+        starts.append(total)
+        total += b - a
+    out = torch.empty(total, logits.shape[-1], dtype=torch.float32, device=logits.device)
+    for members, probs in parts:
+        dest = [r for i in members for r in range(starts[i], starts[i] + spans[i][1] - spans[i][0])]
+        out[torch.tensor(dest, device=logits.device)] = probs
+    return out
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """Row i's token from float32 logits [B, V] (padded vocabulary rows already cut off) under params[i],
+    drawn from generators[i]: [B] int64 on their device, no host sync. The filters and softmaxes run over
+    every row of the same params at once; only the exponential draws go row by row, each from its
+    request's generator."""
+    drawn = [i for i, p in enumerate(params) if not p.greedy]
+    if len(drawn) < len(params):
+        picks = logits.argmax(-1)
+        if not drawn:
+            return picks
+    probs = target_probs(logits, [(i, i + 1) for i in drawn], [params[i] for i in drawn])
+    race = torch.empty_like(probs)
+    for row, i in zip(race, drawn):
+        row.exponential_(generator=generators[i])
+    tokens = (probs / race).argmax(-1)
+    if len(drawn) == len(params):
+        return tokens
+    picks[torch.tensor(drawn, device=logits.device)] = tokens
+    return picks
+
+
 def sample_token(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """One token from float32 logits [V] (padded vocabulary rows already cut off), as a 0-dim int64
-    tensor on their device; no host sync."""
-    if params.greedy:
-        return torch.argmax(logits)
-    probs = torch.softmax(filter_logits(logits, params), -1)
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return torch.argmax(probs / race)
+    """One token from float32 logits [V], as a 0-dim int64 tensor on their device (sample_tokens' draw)."""
+    return sample_tokens(logits[None], [params], [generator])[0]
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Sample:

@@ -13,7 +13,7 @@ import torch
 from .block_manager import BlockManager
 from .drafter import HeadWork
 from .outputs import RequestState
-from .sampler import filter_logits, token_logprobs
+from .sampler import target_probs, token_logprobs
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .speculative import (
@@ -67,8 +67,8 @@ class SpeculativeDecoder:
             return {}
         V = self.num_real_tokens
         real = logits[:, :V]
-        probs = torch.cat(
-            [torch.softmax(filter_logits(real[rows[b] : rows[b + 1]], batch[b].seq.params), -1) for b in want]
+        probs = target_probs(
+            real, [(rows[b], rows[b + 1]) for b in want], [batch[b].seq.params for b in want]
         )
         firsts, drafts, where = [], [], []
         first = 0

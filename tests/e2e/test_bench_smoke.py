@@ -299,3 +299,14 @@ def test_long_needle_benchmark_smoke(tmp_path):
     assert rows[0]["equal"] and len(rows[0]["engine_tokens"]) == 8 and "equal" not in rows[1]
     table = (tmp_path / "results.md").read_text()
     assert "| 0.5 |" in table and "not run" in table
+
+
+def test_sampler_benchmark_smoke(tmp_path):
+    """bench.sampler checks both ways' tokens and probabilities equal before it times them."""
+    from bench.sampler import main as sampler_main
+
+    assert (
+        sampler_main(["--device", "cpu", "--batches", "1,3", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    )
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["batch"] for r in rows] == [1, 3] and all(r["decode_batched_ms"] > 0 for r in rows)

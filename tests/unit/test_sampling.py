@@ -8,7 +8,7 @@ import torch
 from inkling.detokenizer import IncrementalDetokenizer
 from inkling.tokenizer import build_tokenizer
 from runtime.params import SamplingParams
-from runtime.sampler import filter_logits, make_generator, sample
+from runtime.sampler import filter_logits, make_generator, sample, sample_tokens, target_probs
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
 
@@ -91,3 +91,46 @@ def test_filter_logits_on_rows_equals_row_by_row():
         want = torch.stack([filter_logits(r, params) for r in rows])
         assert torch.equal(filter_logits(rows, params), want)
         assert (torch.isfinite(want).sum(-1) > 1).all()
+
+
+MIXED = [
+    SamplingParams(temperature=0.8),
+    SamplingParams(),  # greedy
+    SamplingParams(temperature=0.8),
+    SamplingParams(temperature=1.2, top_k=20),
+    SamplingParams(temperature=1.0, top_p=0.7),
+    SamplingParams(temperature=0.8),
+    SamplingParams(temperature=1.2, top_k=20),
+]
+
+
+def test_batched_draws_equal_each_row_drawn_alone():
+    """A batch's draws (one softmax per distinct params) equal each row's own draw from its own generator:
+    softmax(filter(row)), one exponential race from the request's generator, argmax. Mixed greedy and
+    sampled rows, repeated params not side by side, several steps so the generators advance."""
+    logits = torch.randn(len(MIXED), 1000, generator=torch.Generator().manual_seed(1)) * 3
+    batched = [make_generator(100 + i) for i in range(len(MIXED))]
+    alone = [make_generator(100 + i) for i in range(len(MIXED))]
+    for _ in range(5):
+        got = sample_tokens(logits, MIXED, batched)
+        for i, (row, params) in enumerate(zip(logits, MIXED)):
+            if params.greedy:
+                want = int(row.argmax())
+            else:
+                probs = torch.softmax(filter_logits(row, params), -1)
+                want = int((probs / torch.empty_like(probs).exponential_(generator=alone[i])).argmax())
+            assert int(got[i]) == want, (i, params)
+        logits = logits.roll(7, dims=-1)
+
+
+def test_target_probs_of_spans_equal_span_by_span():
+    """The sampled verify's target rows: spans of several rows under their own params, not contiguous and
+    not grouped by params, come back in span order, each as its own filter and softmax."""
+    logits = torch.randn(12, 300, generator=torch.Generator().manual_seed(2))
+    spans = [(0, 2), (3, 6), (6, 7), (8, 12)]
+    params = [MIXED[0], MIXED[3], MIXED[0], MIXED[4]]
+    got = target_probs(logits, spans, params)
+    want = torch.cat([torch.softmax(filter_logits(logits[a:b], p), -1) for (a, b), p in zip(spans, params)])
+    assert torch.equal(got, want)
+    one = target_probs(logits, spans[1:3], [MIXED[0], MIXED[0]])  # contiguous spans of one params: no copy
+    assert torch.equal(one, torch.softmax(filter_logits(logits[3:7], MIXED[0]), -1))
