@@ -18,8 +18,9 @@
 #                                             #   neighbour beside a 256K prompt, 4 users at 256K)
 #     bash bench/gpu_session.sh long-needle   # 1 GPU: bench.long_needle, the trained small real Inkling at 8K..1M,
 #                                             #   engine against transformers fed in chunks (carry [".whl"])
-#     bash bench/gpu_session.sh mtp-batches   # 1 GPU: the real depths' MTP rounds at batch 1, 32, 64 (sampled),
+#     bash bench/gpu_session.sh mtp-batches   # 1 GPU: the real depths' MTP rounds at batch 1, 32, 64 (sampled; DRAFTS=0: plain steps),
 #                                             #   after the published GPU tests (carry [".whl"])
+#     bash bench/gpu_session.sh sampler       # 1 GPU: bench.sampler, a step's draws row by row against batched
 #     bash bench/gpu_session.sh load          # 1 GPU: engine load times in fresh processes (bench.load)
 #     bash bench/gpu_session.sh train         # 1 GPU: retrain data/inkling-small (make train)
 #     bash bench/gpu_session.sh train-published  # 1 GPU: train data/inkling-small-published, the real
@@ -177,20 +178,28 @@ long-context)
     pack long-context
     ;;
 long-needle)
+    # NEEDLE_ARGS: more flags, e.g. "--lengths 1048576 --depths 0.5" for the longest prompt alone
     with_transformers
-    run long_needle 585 python3 -m bench.long_needle --budget_s 500 --out "$OUT/long_needle"
+    run long_needle 585 python3 -m bench.long_needle --budget_s 500 ${NEEDLE_ARGS:-} --out "$OUT/long_needle"
     pack long-needle
     ;;
 mtp-batches)
-    # MTP_BATCHES, PROMPT_LEN (an H100 holds batch 64 whole at 2,048 tokens, not at 8,192), DRAFT_VOCAB;
-    # SKIP_TESTS=1 leaves out the published GPU tests
+    # MTP_BATCHES, PROMPT_LEN (an H100 holds batch 64 whole at 2,048 tokens, not at 8,192), DRAFT_VOCAB,
+    # PROFILE_BATCH (the batch whose rounds are profiled by kernel), DRAFTS (3; 0 for plain steps, the
+    # rounds' baseline), E2E_LIMIT (seconds); SKIP_TESTS=1 leaves out the published GPU tests
     with_transformers
     [ -n "${SKIP_TESTS:-}" ] || run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
-    run e2e 380 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 128 \
-        --batches "${MTP_BATCHES:-1,32,64}" --prompt_len "${PROMPT_LEN:-8192}" --num_draft_tokens 3 --fixed_drafts \
-        --profile_batch 1 --tune_max_tokens 256 --decode_budget_s 8 --temperature 1 \
+    mtp=(--num_draft_tokens "${DRAFTS:-3}" --fixed_drafts)
+    [ "${DRAFTS:-3}" = 0 ] && mtp=()
+    run e2e "${E2E_LIMIT:-380}" python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 128 \
+        --batches "${MTP_BATCHES:-1,32,64}" --prompt_len "${PROMPT_LEN:-8192}" "${mtp[@]}" \
+        --profile_batch "${PROFILE_BATCH:-1}" --tune_max_tokens 256 --decode_budget_s 8 --temperature 1 \
         ${DRAFT_VOCAB:+--draft_vocab_size "$DRAFT_VOCAB"} --out "$OUT/e2e"
     pack mtp-batches
+    ;;
+sampler)
+    run sampler 120 python3 -m bench.sampler --out "$OUT/sampler"
+    pack sampler
     ;;
 profile)
     run e2e 400 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 64 \
