@@ -7,7 +7,7 @@ inputs from the scheduled sequences, padding them into a bucket's buffers, the M
 picks, sampling, the scheduler) is what a step waits for whenever the host is on its critical path: every
 MTP round (drafting waits for the verify's tokens) and every step of a sequence that is not overlapped.
 
-This bench runs the engine's own step loop (greedy requests, `num_draft_tokens` drafts every step: the
+This bench runs the engine's own step loop (greedy requests, or sampled with --temperature; `num_draft_tokens` drafts every step: the
 adaptive policy off) and times, per engine step, the host's wall time in
 - `ModelRunner.run` (the main step), without the step program's own call;
 - `ModelRunner.run_heads` (the MTP round), without the head program's calls and the draft picks;
@@ -174,7 +174,14 @@ class _Packet:
 
 
 def measure(
-    engine: LLMEngine, batch: int, drafts: int, steps: int, prompt_len: int, count_ops: bool, replay: bool
+    engine: LLMEngine,
+    batch: int,
+    drafts: int,
+    steps: int,
+    prompt_len: int,
+    count_ops: bool,
+    replay: bool,
+    temperature: float = 0.0,
 ) -> dict:
     """Median host milliseconds per engine step in `run` and `run_heads` (each without the programs it
     calls) and in the rest of the step; with count_ops, the operators per step outside the programs.
@@ -185,7 +192,12 @@ def measure(
     time comes out several times its warm cost (on this 2-core machine, a 2 µs NumPy call took 10-30 µs
     there). The tokens are then meaningless, the host's path through a step is the same."""
     vocab = engine.config.vocab_size
-    params = SamplingParams(max_tokens=steps * (drafts + 1) + 16, num_draft_tokens=drafts, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=steps * (drafts + 1) + 16,
+        num_draft_tokens=drafts,
+        ignore_eos=True,
+        temperature=temperature,
+    )
     for b in range(batch):
         ids = torch.tensor([(7 * b + 3 * i) % (vocab - 16) + 8 for i in range(prompt_len)])
         engine.add_request(f"host-{batch}-{drafts}-{b}", PromptInput(ids), params)
@@ -230,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="timed engine steps per case")
     ap.add_argument("--prompt_len", type=int, default=24)
     ap.add_argument(
+        "--temperature", type=float, default=0.0, help="0: greedy; else sampled, a seed a request"
+    )
+    ap.add_argument(
         "--no-replay",
         dest="replay",
         action="store_false",
@@ -245,10 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     llm.spec.draft_policy = draft_every_step  # synthetic heads accept nothing: the adaptive policy would stop
     for batch in args.batch:
         for drafts in args.drafts:
-            row = measure(llm, batch, drafts, args.steps, args.prompt_len, False, replay)
-            row["ops_per_step"] = measure(llm, batch, drafts, 4, args.prompt_len, True, replay)[
-                "ops_per_step"
-            ]
+            row = measure(llm, batch, drafts, args.steps, args.prompt_len, False, replay, args.temperature)
+            row["ops_per_step"] = measure(
+                llm, batch, drafts, 4, args.prompt_len, True, replay, args.temperature
+            )["ops_per_step"]
             results.append(row)
             print(json.dumps(row), file=sys.stderr)
     with open(os.path.join(args.out, "host.json"), "w") as f:
@@ -256,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             {"engine": args.engine, "device": "cuda" if on_cuda else "cpu", "results": results}, f, indent=1
         )
     lines = [
-        f"# Host work per engine step (`python -m bench.host --engine {args.engine}`)",
+        f"# Host work per engine step (`python -m bench.host --engine {args.engine}`), "
+        + ("greedy" if not args.temperature else f"sampled at temperature {args.temperature:g}"),
         "",
         "Host milliseconds per engine step (median) and torch operators per step outside the programs, as",
         "kernel launches or copies / metadata-only (views, allocations) / reads back to the host.",

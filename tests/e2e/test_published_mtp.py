@@ -390,3 +390,33 @@ def test_deferred_rollbacks_equal_immediate_ones(engine):
     immediate, deferred = apply(False), apply(True)
     assert all(torch.equal(a, b) for a, b in zip(immediate, deferred))
     assert not all(torch.equal(a, x) for a, x in zip(immediate, start))
+
+
+def test_rollbacks_of_consecutive_slots_equal_slot_by_slot(engine):
+    """Deferred rollbacks of one (depth, n) are applied as runs of consecutive slots, one pair of views a state
+    a run: the states equal the rows shifted slot by slot, for the main model and the depths, runs and single
+    slots mixed."""
+    from runtime.model_runner import slot_runs
+
+    assert slot_runs([3, 0, 1, 1, 5]) == [(0, 2), (3, 4), (5, 6)]
+    runner = LLMEngine(engine).runner
+    assert runner.build.max_batch_size >= 4 and runner.num_heads >= 2
+    g = torch.Generator().manual_seed(1)
+    heads = [runner.conv_states, *runner.head_conv_states]
+    for states in heads:
+        for t in states:
+            t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+    want = [[t.clone() for t in states] for states in heads]
+    rollbacks = [(0, 0, 2), (1, 0, 2), (2, 0, 2), (3, 0, 1), (1, 1, 1), (2, 1, 1), (0, 2, 3), (2, 2, 3)]
+    for slot, head, n in rollbacks:  # (slot, head, n); head 0 is the main model
+        for t in want[head]:
+            t[slot, n:] = t[slot, :-n].clone()
+        if head == 0:
+            runner.rollback(slot, n, defer=True)
+        else:
+            counts = [0] * runner.num_heads
+            counts[head - 1] = n
+            runner.rollback_heads(slot, counts, defer=True)
+    runner.flush_rollbacks()
+    for states, expected in zip(heads, want):
+        assert all(torch.equal(t, w) for t, w in zip(states, expected))
