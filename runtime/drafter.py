@@ -206,8 +206,7 @@ class Drafter:
             )
         num_drafts = [0] * len(work)  # drafts made so far, per work item
         fresh = [(w.fresh_start, w.fresh_rows) for w in work]  # level m-1: first position, rows
-        for w in work:
-            self._ring_write(0, w.seq.slot, w.fresh_start, w.fresh_rows)
+        self._ring_write_many(0, [(w.seq.slot, w.fresh_start, w.fresh_rows) for w in work])
         for m in range(1, max((w.num_heads for w in work), default=0) + 1):
             items = []
             for i, w in enumerate(work):
@@ -226,12 +225,14 @@ class Drafter:
             out = self._head_pass(m, args, bool(drafting))
             for j in drafting:
                 num_drafts[items[j][0]] += 1
+            writes = []
             for j, (i, start, end) in enumerate(items):
                 rows_m = out[int(cu[j]) : int(cu[j + 1])]
                 fresh[i] = (start, rows_m)
-                if m < self.num_heads:
-                    self._ring_write(m, work[i].seq.slot, start, rows_m)
+                writes.append((work[i].seq.slot, start, rows_m))
                 work[i].seq.head_computed[m - 1] = end
+            if m < self.num_heads:
+                self._ring_write_many(m, writes)
         if not any(num_drafts):
             return [[] for _ in work]
         drafts = self.drafted[: len(work) * self.draft_stride].view(len(work), -1)
@@ -370,6 +371,27 @@ class Drafter:
         pick = PickInputs(pick_rows=cu[1:].astype(np.int64) - 1, pick_dst=dst, hole_src=hole_src)
         args = HEAD_PICK.arguments(inputs, pick, **fixed, drafted=self.drafted)
         return args, cu
+
+    def _ring_write_many(self, level: int, writes: list[tuple[int, int, torch.Tensor | None]]) -> None:
+        """`_ring_write` of every (slot, start, rows) of a round: one gathered copy into the level's rings
+        (a concatenation and an index copy), not one or two copies a sequence (at batch 32 about 150
+        launches of 15 µs of host time each, a round, bench/results/gpu-2026-12-06/mtp-batches/)."""
+        writes = [w for w in writes if w[2] is not None and w[2].shape[0]]
+        if len(writes) <= 1:
+            for w in writes:
+                self._ring_write(level, *w)
+            return
+        parts, dst = [], []
+        for slot, start, rows in writes:
+            keep = min(rows.shape[0], HIDDEN_RING)
+            end = start + rows.shape[0]
+            parts.append(rows[-keep:])
+            dst.append(slot * HIDDEN_RING + np.arange(end - keep, end) % HIDDEN_RING)
+            self.ring_end[level][slot] = end
+        index = torch.from_numpy(np.concatenate(dst))
+        index = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
+        ring = self.hidden_ring[level]
+        ring.view(-1, ring.shape[-1]).index_copy_(0, index, torch.cat(parts).to(ring.dtype))
 
     def _ring_write(self, level: int, slot: int, start: int, rows: torch.Tensor | None) -> None:
         """Keep the last HIDDEN_RING rows of h^level for positions start.. (older ones drop out)."""
