@@ -2,8 +2,10 @@
 
 This is the form TensorRT's ONNX parser takes plugins in: a node whose op_type is the plugin's name,
 whose inputs are the op's tensor arguments (in the op's order, docs/interfaces.md "Ops") and whose
-attributes are its non-tensor arguments (window, scale, num_routed, top_k, tile_configs, impl) plus
-the plugin's `version` (and `weight_layout_version` where it reads packed weights). Everything else is
+attributes are its non-tensor arguments (bank_attention's window, scale and log-scaling floor,
+sigmoid_sink_moe's top_k, route_scale and tile_configs, every plugin's impl; an argument the graph leaves at
+its default is written with that value) plus the plugin's `version` (and `weight_layout_version` where it
+reads packed weights). Everything else is
 standard ONNX (torch.onnx's dynamo exporter, opset 18+).
 
 Mutating plugins (kv_cache_write, sconv, sconv_kv_write) become functional nodes: after the op's own
@@ -18,7 +20,7 @@ a call of the op's functional twin `inkling_onnx::<name>` (same arguments, retur
 states; registered here with a fake, its eager impl clones and calls the real op); then
 `torch.onnx.export` translates the twins and the non-mutating plugins through `custom_translation_table`.
 
-Dynamic dims keep their symbolic names (num_tokens, batch, num_blocks, ...). A plugin argument that
+Dynamic dims keep their symbolic names (num_tokens, batch, num_blocks_<j> for each KV pool, ...). A plugin argument that
 is a SymInt derived from shapes (`max_seqlen_q` of the attention) cannot be a static ONNX attribute,
 so it is an int64 scalar input of its node instead.
 
@@ -89,8 +91,23 @@ def functional_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
     return _twins[name]
 
 
+def _drop_derived_ranges(program: torch.export.ExportedProgram) -> None:
+    """Forget the value ranges a loaded program's shape environment keeps for expressions of its dims
+    (`batch + 1`, cu_seqlens' length): re-tracing it (run_decompositions) expects every key to be a
+    symbol and fails on them (torch 2.11 and 2.13, programs read back from .pt2). Each is implied by the
+    ranges of the symbols it is made of."""
+    import sympy
+    from torch._export.utils import _get_shape_env_from_gm
+
+    env = _get_shape_env_from_gm(program.graph_module)
+    if env is not None:
+        for key in [k for k in env.var_to_range if not isinstance(k, sympy.Symbol)]:
+            del env.var_to_range[key]
+
+
 def functionalize(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """The program with in-place plugin calls replaced by their functional twins (a new program)."""
+    _drop_derived_ranges(program)
     ep = program.run_decompositions({})
     graph = ep.graph_module.graph
     hop = torch.ops.higher_order.auto_functionalized_v2
@@ -243,11 +260,20 @@ def _translation(op: torch._ops.OpOverload, plugin: str, n_mutated: int = 0):
         onnxscript.values.Opset(PLUGIN_DOMAIN, PLUGIN_DOMAIN_VERSION), plugin, schema
     )
 
-    params = [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for a in schema_args]
+    params = [
+        inspect.Parameter(
+            a.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=a.default_value if a.has_default_value() else inspect.Parameter.empty,
+        )
+        for a in schema_args
+    ]
     signature = inspect.Signature(params)
 
     def translate(*args, **kwargs):
-        kwargs = signature.bind(*args, **kwargs).arguments
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()  # a node leaves out the arguments it passes at their defaults (ep_size)
+        kwargs = bound.arguments
         node_inputs = [kwargs[n] for n in inputs]
         node_attrs = {n: attrs[n](kwargs[n]) for n in attrs}
         return node_op(*node_inputs, **node_attrs, **fixed)
@@ -277,13 +303,14 @@ def translation_table(program: torch.export.ExportedProgram) -> dict:
 
 # The export.
 
-# Names of the step program's dynamic dims (builder.build.export_step), found on these inputs.
+# Names of the step program's dynamic dims (builder/published_build.py `export_step`), found on these
+# inputs; each KV cache's pool (one per cache kind) is num_blocks_<j>, found on key_caches_<j>.
 STEP_DIMS = {
     ("input_ids", 0): "num_tokens",
     ("seq_lens", 0): "batch",
     ("logits_indices", 0): "num_logits",
     ("mm_embeds", 0): "num_mm",
-    ("key_caches_0", 0): "num_blocks",
+    ("q_bound", 0): "max_seqlen_q",
 }
 OUTPUT_NAMES = {"step": ("logits", "hidden")}
 
@@ -332,7 +359,10 @@ def export_onnx(
     inputs = {v.name: v for v in graph.inputs}
     rename = {}
     if program == "step":
-        for (name, axis), dim in STEP_DIMS.items():
+        pools = {
+            (n, 0): f"num_blocks_{n.rsplit('_', 1)[1]}" for n in inputs if re.fullmatch(r"key_caches_\d+", n)
+        }
+        for (name, axis), dim in {**STEP_DIMS, **pools}.items():
             sym = inputs[name].shape[axis] if name in inputs else None
             if isinstance(sym, ir.SymbolicDim) and sym.value:
                 rename[sym.value] = dim

@@ -23,7 +23,7 @@ TINY_SEED = 0
 @pytest.fixture(scope="session")
 def tiny_ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """`python -m inkling.synth --preset inkling-tiny --seed 0`: the earlier, invented model's bf16 tiny
-    checkpoint (read-only), for its converter, tensor-parallel, ONNX and unit tests until they retire; the real
+    checkpoint (read-only), for its converter and unit tests until they retire; the real
     Inkling's engines are tests/e2e/conftest.py's."""
     out = tmp_path_factory.mktemp("ckpt") / "inkling-tiny"
     synthesize(out, "inkling-tiny", TINY_SEED)
@@ -69,8 +69,9 @@ SLOW = {
     "tests/e2e/test_bench_smoke.py::test_tp_benchmark_smoke",
     "tests/e2e/test_bench_smoke.py::test_e2e_benchmark_parts_and_merge",
     "tests/e2e/test_bench_smoke.py::test_sm90_moe_report_smoke",
-    # ONNX export with external weights (18 s); the fused-plugin export stays in CI
-    "tests/e2e/test_onnx_export.py::test_unfused_plugin_nodes_and_external_weights",
+    # ONNX export with external weights (18 s); the export with weights as inputs, through the CLI, and the
+    # functional program's equality with the engine's stay in CI
+    "tests/e2e/test_onnx_export.py::test_external_weights",
     # Triton serving variants that start servers of their own (20-26 s): `make serve`'s binding and stop,
     # and the engine on a stub thread; the module's server (engine in its own process) stays in CI
     "tests/e2e/test_serving.py::test_make_serve_binds_localhost_and_stops_cleanly",
