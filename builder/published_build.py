@@ -313,11 +313,6 @@ def build_published_tensors(
         impls["collectives"] = bc.plugin_config.resolve_collectives(bc.device)
         log(f"tensor parallel: {bc.tp_size} ranks, collectives {impls['collectives']}, per rank {tp.sizes()}")
     if bc.ep_size > 1:
-        if impls["sigmoid_sink_moe"] == "triton":
-            raise BuildError(
-                f"expert parallelism (ep_size {bc.ep_size}) runs the MoE's reference impl only: build with "
-                "--expert_sink_moe_plugin reference (the Triton kernels take every expert)"
-            )
         if bc.compile:
             raise BuildError("--compile with ep_size > 1 is not supported yet (it compiles on one process)")
         impls["collectives"] = bc.plugin_config.resolve_collectives(bc.device)

@@ -106,11 +106,6 @@ def sigmoid_sink_moe(
     check_impl(SIGMOID_SPEC.name, impl)
     offset = 0
     if ep_size > 1:
-        if impl == "triton":
-            raise NotImplementedError(
-                "inkling::sigmoid_sink_moe: expert parallelism runs the reference impl only (the Triton "
-                "kernels take every expert)"
-            )
         from plugins.collectives import get_communicator
 
         offset = get_communicator().rank * w13.shape[0]
@@ -126,7 +121,7 @@ def sigmoid_sink_moe(
             config = {**config, "kernel": "gemv"}  # as expert_sink_moe: float32 keeps its precision
         return launcher.sigmoid_sink_moe(
             x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
-            shared_w2, route_scale, top_k, config=config,
+            shared_w2, route_scale, top_k, config=config, expert_offset=offset,
         )  # fmt: skip
     return reference.sigmoid_sink_moe(
         x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,

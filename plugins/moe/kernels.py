@@ -40,6 +40,8 @@ def route_kernel(
     expert_ids_ptr,
     block_rows_ptr,
     E,
+    expert_offset,  # expert parallelism: this rank's experts are expert_offset .. + num_local - 1 of the E
+    num_local,  # (0 and E without it); the others' entries get no block and a weight of 0
     TOP_K: tl.constexpr,
     NUM_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -86,7 +88,11 @@ def route_kernel(
         shared = shared * norm
     for s in tl.static_range(NUM_SHARED):
         tl.store(route_w_ptr + t * KS + TOP_K + s, tl.sum(tl.where(offs == E + s, shared, 0.0), axis=0))
-    tl.store(route_w_ptr + t * KS + offs_k, picked, mask=offs_k < TOP_K)
+    # Expert parallelism: the experts held here, by their index in this rank's stacks; another rank's
+    # entry keeps weight 0, which combine_kernel(MASKED) reads as "no output row".
+    ids = ids - expert_offset
+    mine = (ids >= 0) & (ids < num_local)
+    tl.store(route_w_ptr + t * KS + offs_k, tl.where(mine, picked, 0.0), mask=offs_k < TOP_K)
     # The k experts are distinct: one vector of atomics takes their ranks (k serial atomics, each waiting
     # for its return, took most of this kernel's 6.5 us on the H200).
     k_mask = offs_k < TOP_K
@@ -95,12 +101,12 @@ def route_kernel(
         # GEMMs' grids run a weight tile's blocks side by side, so two rows of one expert still share its
         # reads through L2). No counts, no atomics, no align_kernel launch.
         tl.store(sorted_rows_ptr + t * TOP_K + offs_k, t * KS + offs_k, mask=k_mask)
-        tl.store(expert_ids_ptr + t * TOP_K + offs_k, ids, mask=k_mask)
-        tl.store(block_rows_ptr + t * TOP_K + offs_k, tl.full([TOP_K_P2], 1, tl.int32), mask=k_mask)
+        tl.store(expert_ids_ptr + t * TOP_K + offs_k, tl.where(mine, ids, -1), mask=k_mask)
+        tl.store(block_rows_ptr + t * TOP_K + offs_k, mine.to(tl.int32), mask=k_mask)
     else:
-        tl.store(topk_ids_ptr + t * TOP_K + offs_k, ids, mask=k_mask)
-        rank = tl.atomic_add(counts_ptr + ids, 1, mask=k_mask)
-        tl.store(rank_ptr + t * TOP_K + offs_k, rank, mask=k_mask)
+        tl.store(topk_ids_ptr + t * TOP_K + offs_k, tl.where(mine, ids, -1), mask=k_mask)
+        rank = tl.atomic_add(counts_ptr + ids, 1, mask=k_mask & mine)
+        tl.store(rank_ptr + t * TOP_K + offs_k, rank, mask=k_mask & mine)
 
 
 @triton.jit
@@ -132,6 +138,7 @@ def align_kernel(
         offs = pid * CHUNK + tl.arange(0, CHUNK)
         m = offs < num_entries
         e = tl.load(topk_ids_ptr + offs, mask=m, other=0)
+        m = m & (e >= 0)  # -1: another rank's expert (route_kernel)
         rank = tl.load(rank_ptr + offs, mask=m, other=0)
         start = tl.sum(tl.where(e[:, None] == offs_e[None, :], start_e[None, :], 0), axis=1)
         row = (offs // TOP_K) * KS + offs % TOP_K
@@ -154,9 +161,11 @@ def align_kernel(
 def combine_kernel(
     out_ptr,  # [T*KS, H]: row t*KS + k holds expert slot k's weighted output for token t
     y_ptr,  # [T, H]
+    route_w_ptr,  # float32 [T*KS]: MASKED reads a slot of weight 0 as one no GEMM wrote
     H,
     KS: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    MASKED: tl.constexpr = False,  # expert parallelism: another rank's experts' slots hold no output
 ):
     """y[t] = sum over the KS slots of out[t*KS + k], in float32, slot by slot (one program per token and H
     chunk). Each thread adds its own columns of the KS rows, so there is no reduction across threads and
@@ -166,7 +175,10 @@ def combine_kernel(
     h_ok = offs_h < H
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for k in tl.static_range(KS):
-        acc += tl.load(out_ptr + (t * KS + k) * H + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+        row = tl.load(out_ptr + (t * KS + k) * H + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+        if MASKED:  # the row of an unwritten slot may hold anything, NaN included: select, not multiply
+            row = tl.where(tl.load(route_w_ptr + t * KS + k) != 0.0, row, 0.0)
+        acc += row
     tl.store(y_ptr + t * H + offs_h, acc.to(y_ptr.dtype.element_ty), mask=h_ok)
 
 

@@ -142,7 +142,9 @@ def _side_stream(device_index: int) -> torch.cuda.Stream:
     return torch.cuda.Stream(device=device_index)
 
 
-def expert_sink_moe(*args, config: dict | None = None, router: SigmoidRouter | None = None) -> torch.Tensor:
+def expert_sink_moe(
+    *args, config: dict | None = None, router: SigmoidRouter | None = None, expert_offset: int = 0
+) -> torch.Tensor:
     """The op on the GPU (arguments as `launches`).
 
     With `"overlap": True` in the config (CUDA only), the shared experts run on a side stream while the
@@ -155,7 +157,7 @@ def expert_sink_moe(*args, config: dict | None = None, router: SigmoidRouter | N
     """
     x = args[0]
     cfg = config or select_config(None, x.shape[0])
-    y, parts = launches(*args, config=cfg, router=router)
+    y, parts = launches(*args, config=cfg, router=router, expert_offset=expert_offset)
     if not (cfg.get("overlap") and x.is_cuda and parts):
         for _, run in parts:
             run()
@@ -192,15 +194,18 @@ class SigmoidRouter:
 
 def sigmoid_sink_moe(
     x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
-    shared_w2, route_scale: float, top_k: int, config: dict | None = None,
+    shared_w2, route_scale: float, top_k: int, config: dict | None = None, expert_offset: int = 0,
 ) -> torch.Tensor:  # fmt: skip
     """`inkling::sigmoid_sink_moe` on the GPU: the same launches as the earlier model's op with the sigmoid
     router. NVFP4 routed experts (the published layout, one global scale per expert for gate and up) or
-    BF16 ones (empty scale tensors), which take the tensor-core GEMM at every size."""
+    BF16 ones (empty scale tensors), which take the tensor-core GEMM at every size. Under expert
+    parallelism the stacks hold experts expert_offset .. expert_offset + w13.shape[0] - 1 of the router's
+    E, and the result is this rank's part of the sum (the reference op's contract)."""
     E = gate_bias.shape[0]
     nvfp4 = w13_scale.numel() > 0
     if nvfp4:
-        w13_scale_2 = w13_scale_2.reshape(E, 1).expand(E, 2).contiguous()  # the kernels' (gate, up) pair
+        n = w13.shape[0]
+        w13_scale_2 = w13_scale_2.reshape(n, 1).expand(n, 2).contiguous()  # the kernels' (gate, up) pair
     cfg = config or select_config(None, x.shape[0])
     if not nvfp4 and (cfg.get("kernel", "mma") != "mma" or cfg["block_m"] < 16):
         cfg = BF16_ROUTED
@@ -209,7 +214,7 @@ def sigmoid_sink_moe(
     router = SigmoidRouter(gate_bias, gate_scale, route_scale)
     return expert_sink_moe(
         x, gate, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13, shared_w2, E, top_k,
-        config=cfg, router=router,
+        config=cfg, router=router, expert_offset=expert_offset,
     )  # fmt: skip
 
 
@@ -234,26 +239,34 @@ def launches(
     top_k: int,
     config: dict | None = None,
     router: SigmoidRouter | None = None,
+    expert_offset: int = 0,
 ) -> tuple[torch.Tensor, list[tuple[str, Callable[[], None]]]]:
     """The op as its kernel launches, in order: (the output y, [(part name, launch)]). Running every
     launch fills y; bench/moe.py times them one by one (each reads only buffers the earlier ones wrote,
     so a part can be replayed alone once all have run). router: the real Inkling's sigmoid router, else the
-    earlier model's softmax over E + S."""
+    earlier model's softmax over E + S. expert_offset: expert parallelism, the stacks holding experts
+    expert_offset .. expert_offset + w13.shape[0] - 1 of the router's num_routed."""
     T, H = x.shape
     E = num_routed
+    EL = w13.shape[0]  # the experts held here (E without expert parallelism)
     S = shared_w13.shape[0]
-    I = shared_w13.shape[1] // 2
-    KS = top_k + S
     nvfp4 = w13_scale.numel() > 0
     pack = 2 if nvfp4 else 1  # weights per stored element
-    if w13.shape != (E, 2 * I, H // pack) or w2.shape != (E, H, I // pack):
+    # The routed experts' width, and the shared experts' (a 1/ep slice of it under expert parallelism)
+    I, IS = w2.shape[-1] * pack, shared_w13.shape[1] // 2
+    KS = top_k + S
+    if not 0 <= expert_offset <= E - EL:
         raise ValueError(
-            f"expert_sink_moe: packed w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} do not match E={E}, H={H}, I={I}"
+            f"expert_sink_moe: experts {expert_offset}..{expert_offset + EL - 1} are not among {E}"
+        )
+    if w13.shape != (EL, 2 * I, H // pack) or w2.shape != (EL, H, I // pack):
+        raise ValueError(
+            f"expert_sink_moe: packed w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} do not match E={EL}, H={H}, I={I}"
         )
     if not nvfp4 and router is None:
         raise ValueError("expert_sink_moe: the earlier model's routed experts are NVFP4 only")
-    if router_weight.shape != (E + S, H) or shared_w2.shape != (S, H, I):
-        raise ValueError("expert_sink_moe: router or shared weights do not match E, S, H, I")
+    if router_weight.shape != (E + S, H) or shared_w2.shape != (S, H, IS):
+        raise ValueError("expert_sink_moe: router or shared weights do not match E, S, H and their width")
     if x.stride(1) != 1 or not (
         w13.is_contiguous()
         and w2.is_contiguous()
@@ -273,14 +286,14 @@ def launches(
     route_w = torch.empty(T * KS, dtype=torch.float32, device=dev)
     num_entries = T * top_k
     direct = block_m == 1  # route_kernel writes the blocks itself (its DIRECT), no align_kernel
-    num_blocks = num_entries if direct else triton.cdiv(num_entries, block_m) + min(E, num_entries)  # static
+    num_blocks = num_entries if direct else triton.cdiv(num_entries, block_m) + min(EL, num_entries)  # static
     sorted_rows = torch.empty(num_blocks * block_m, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=dev)
     block_rows = torch.empty(num_blocks, dtype=torch.int32, device=dev)
     if direct:  # the align path's scratch is never touched: pass a block array in its place
         counts = topk_ids = rank = block_rows
     else:
-        counts = torch.empty(E, dtype=torch.int32, device=dev)  # zeroed by route()
+        counts = torch.empty(EL, dtype=torch.int32, device=dev)  # zeroed by route()
         topk_ids = torch.empty(T * top_k, dtype=torch.int32, device=dev)
         rank = torch.empty_like(topk_ids)
     chunk = 64
@@ -303,19 +316,19 @@ def launches(
             counts.zero_()
         kernels.route_kernel[(T,)](
             logits, logits.stride(0), topk_ids, rank, counts, route_w, sorted_rows, expert_ids, block_rows, E,
-            TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), TOP_K_P2=triton.next_power_of_2(top_k),
+            expert_offset, EL, TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), TOP_K_P2=triton.next_power_of_2(top_k),
             DIRECT=direct, num_warps=1 if E + S <= 512 else 4, **sigmoid,
         )  # fmt: skip
         if direct:
             return
         kernels.align_kernel[(entry_programs + triton.cdiv(num_blocks, chunk),)](
             topk_ids, rank, counts, sorted_rows, expert_ids, block_rows,
-            num_entries, num_blocks, entry_programs, E,
-            TOP_K=top_k, KS=KS, BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(E), CHUNK=chunk, num_warps=4,
+            num_entries, num_blocks, entry_programs, EL,
+            TOP_K=top_k, KS=KS, BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(EL), CHUNK=chunk, num_warps=4,
         )  # fmt: skip
 
     buffers = (sorted_rows, expert_ids, block_rows, route_w)
-    h = torch.empty((T * KS, I), dtype=x.dtype, device=dev)
+    h = torch.empty((T * KS, max(I, IS)), dtype=x.dtype, device=dev)
     out = torch.empty((T * KS, H), dtype=x.dtype, device=dev)
     g1, g2 = cfg["gemm1"], cfg["gemm2"]
     common = dict(num_tokens=T, top_k=top_k, KS=KS)
@@ -347,13 +360,13 @@ def launches(
         _gemm(x, w13, w13_scale, w13_scale_2, h, N=I, K=H, cfg=g1, gated=True, **routed)
 
     def gemm1_shared():
-        _gemm(x, shared_w13, None, None, h, N=I, K=H, cfg=g1, gated=True, **dense)
+        _gemm(x, shared_w13, None, None, h, N=IS, K=H, cfg=g1, gated=True, **dense)
 
     def gemm2_routed():
         _gemm(h, w2, w2_scale, w2_scale_2, out, N=H, K=I, cfg=g2, gated=False, **routed)
 
     def gemm2_shared():
-        _gemm(h, shared_w2, None, None, out, N=H, K=I, cfg=g2, gated=False, **dense)
+        _gemm(h, shared_w2, None, None, out, N=H, K=IS, cfg=g2, gated=False, **dense)
 
     parts = [("route", route), ("gemm1 routed", gemm1_routed)]
     if cfg.get("shared", "triton") == "triton":
@@ -372,7 +385,9 @@ def launches(
         # 256 columns a program at decode; at prefill 1024, i.e. one 16-byte load per thread and slot (the
         # 8K prefill's combine took 2.1 ms a layer with 256 and a reduction across threads, ~8.5x its bytes)
         block_h = 256 if T < 64 else 1024
-        kernels.combine_kernel[(T, triton.cdiv(H, block_h))](out, y, H, KS=KS, BLOCK_H=block_h, num_warps=4)
+        kernels.combine_kernel[(T, triton.cdiv(H, block_h))](
+            out, y, route_w, H, KS=KS, BLOCK_H=block_h, MASKED=EL < E, num_warps=4
+        )
 
     parts.append(("combine", combine))
     return y, parts

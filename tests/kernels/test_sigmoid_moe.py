@@ -197,3 +197,59 @@ def test_gpu_bf16_gate_equals_its_float32_copy():
     f32[0] = layer[0].float()
     f32_gate = torch.ops.inkling.sigmoid_sink_moe(*moe_args(x, f32, 6, 8.0), "", "triton")
     assert_close(bf16_gate, f32_gate, 1e-2)
+
+
+def ep_share(layer, rank: int, ep_size: int):
+    """Rank `rank`'s arguments under expert parallelism (builder/expert_parallel.py): its E/ep routed experts
+    whole, a 1/ep slice of the shared experts' width, the router whole."""
+    gate, bias, scale, w13, s13, g13, w2, s2, g2, sw13, sw2 = layer
+    E, I2 = w13.shape[0], sw13.shape[1]
+    n, i = E // ep_size, I2 // 2 // ep_size
+    ex = slice(rank * n, (rank + 1) * n)
+    cols = slice(rank * i, (rank + 1) * i)
+    share = [w[ex] if w.numel() else w for w in (w13, s13, g13, w2, s2, g2)]
+    shared_w13 = torch.cat([sw13[:, : I2 // 2][:, cols], sw13[:, I2 // 2 :][:, cols]], dim=1)
+    return [gate, bias, scale, *share, shared_w13.contiguous(), sw2[:, :, cols].contiguous()], rank * n
+
+
+EP_FORMS = {k: FORMS[k] for k in ("gemv", "mma-16", "mma-16-shared-torch")}
+
+
+@pytest.mark.parametrize("form", EP_FORMS)
+@pytest.mark.parametrize("ep_size", [2, 4])
+def test_triton_on_an_expert_parallel_share(form, ep_size):
+    """Each rank's Triton MoE on its share (its experts whole, a slice of the shared experts' width) equals
+    the reference op's part on the same share, and the ranks' parts sum to the whole op: tokens routed to
+    another rank's experts take no block and add nothing, in one-row and aligned blocks alike."""
+    from plugins.moe.reference import sigmoid_sink_moe as reference
+
+    layer = make_layer(**TINY)
+    x = torch.randn(6, TINY["H"], device=DEVICE)
+    k = TINY["top_k"]
+    whole = spec_moe(x, layer, k)
+    parts = []
+    for rank in range(ep_size):
+        share, offset = ep_share(layer, rank, ep_size)
+        got = launcher.sigmoid_sink_moe(*moe_args(x, share, k), config=EP_FORMS[form], expert_offset=offset)
+        assert_close(got, reference(*moe_args(x, share, k), expert_offset=offset), 2e-4)
+        parts.append(got)
+    assert_close(sum(parts), whole, 2e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("nvfp4", [True, False], ids=["nvfp4", "bf16-experts"])
+@pytest.mark.parametrize("T", [1, 32, 300])
+def test_gpu_expert_parallel_shares_real_shapes(T, nvfp4):
+    """ep 8 shares of the real layer in bf16 with the default tiles (the decode kernels at T = 1 and 32, the
+    aligned tensor-core GEMM at 300): each rank's part against the reference op's on its share."""
+    from plugins.moe.reference import sigmoid_sink_moe as reference
+
+    shape = dict(H=6144, I=3072, E=256, S=2, top_k=6)
+    layer = make_layer(**shape, nvfp4=nvfp4, dtype=torch.bfloat16)
+    x = torch.randn(T, shape["H"], device=DEVICE, dtype=torch.bfloat16)
+    for rank in (0, 5):
+        share, offset = ep_share(layer, rank, 8)
+        args = moe_args(x, share, 6, 8.0)
+        got = launcher.sigmoid_sink_moe(*args, config=launcher.select_config(None, T), expert_offset=offset)
+        assert_close(got, reference(*args, expert_offset=offset), 2e-2)
