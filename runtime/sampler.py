@@ -42,6 +42,13 @@ def _params_key(params: SamplingParams) -> tuple:
     return params.temperature, params.top_k, params.top_p
 
 
+def _index(rows: list[int], device: torch.device) -> torch.Tensor:
+    """Row indices on `device`, copied from pinned memory: a copy from pageable memory waits for the work
+    queued before it, which would stall an overlapped step's picks behind the step itself."""
+    index = torch.tensor(rows, dtype=torch.long)
+    return index.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else index
+
+
 def target_probs(
     logits: torch.Tensor, spans: list[tuple[int, int]], params: list[SamplingParams]
 ) -> torch.Tensor:
@@ -73,7 +80,7 @@ def target_probs(
     out = torch.empty(total, logits.shape[-1], dtype=torch.float32, device=logits.device)
     for members, probs in parts:
         dest = [r for i in members for r in range(starts[i], starts[i] + spans[i][1] - spans[i][0])]
-        out[torch.tensor(dest, device=logits.device)] = probs
+        out[_index(dest, logits.device)] = probs
     return out
 
 
@@ -96,7 +103,7 @@ def sample_tokens(
     tokens = (probs / race).argmax(-1)
     if len(drawn) == len(params):
         return tokens
-    picks[torch.tensor(drawn, device=logits.device)] = tokens
+    picks[_index(drawn, logits.device)] = tokens
     return picks
 
 
