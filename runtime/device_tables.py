@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .block_manager import FREED, SeqBlocks
+from .step_graphs import to_device
 
 
 class DeviceTables:
@@ -61,7 +62,4 @@ class DeviceTables:
         return out
 
     def _to_device(self, x: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(x)
-        if self.device.type != "cuda":
-            return t.to(self.device)
-        return t.pin_memory().to(self.device, non_blocking=True)
+        return to_device(torch.from_numpy(x), self.device)

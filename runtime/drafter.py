@@ -25,7 +25,7 @@ from .device_state import DeviceState
 from .device_tables import DeviceTables
 from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
 from .sequence import Sequence
-from .step_graphs import on_device
+from .step_graphs import on_device, to_device
 
 INPUT_IDS = HEAD.index("input_ids")
 HIDDEN_RING = 16  # positions of h^0..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
@@ -388,8 +388,7 @@ class Drafter:
             parts.append(rows[-keep:])
             dst.append(slot * HIDDEN_RING + np.arange(end - keep, end) % HIDDEN_RING)
             self.ring_end[level][slot] = end
-        index = torch.from_numpy(np.concatenate(dst))
-        index = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
+        index = to_device(torch.from_numpy(np.concatenate(dst)), self.device)
         ring = self.hidden_ring[level]
         ring.view(-1, ring.shape[-1]).index_copy_(0, index, torch.cat(parts).to(ring.dtype))
 

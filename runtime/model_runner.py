@@ -44,6 +44,7 @@ from .step_graphs import (
     batch_buckets,
     program_max_batch,
     q_buckets,
+    to_device,
     token_buckets,
 )
 
@@ -469,11 +470,8 @@ class ModelRunner:
         return [max(2, of_kind.get(False, 0))] * g + [max(2, of_kind.get(True, 0))] * g
 
     def to_device(self, x: torch.Tensor) -> torch.Tensor:
-        """A host tensor on the runner's device, copied from pinned memory (a copy from pageable memory
-        waits for the work queued before it)."""
-        if self.device.type != "cuda":
-            return x.to(self.device)
-        return x.pin_memory().to(self.device, non_blocking=True)
+        """A host tensor on the runner's device, copied from pinned memory (step_graphs.to_device)."""
+        return to_device(x, self.device)
 
     def step_inputs(self, batch: list[ScheduledSeq], input_ids: torch.Tensor | None = None) -> StepInputs:
         """The batch's tokens (or `input_ids`), media, block tables, slot mappings and state slots (host

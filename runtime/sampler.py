@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .params import SamplingParams
+from .step_graphs import to_device
 
 
 @dataclass
@@ -43,10 +44,8 @@ def _params_key(params: SamplingParams) -> tuple:
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
-    """Row indices on `device`, copied from pinned memory: a copy from pageable memory waits for the work
-    queued before it, which would stall an overlapped step's picks behind the step itself."""
-    index = torch.tensor(rows, dtype=torch.long)
-    return index.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else index
+    """Row indices on `device`, from pinned memory: an overlapped step's picks must not wait for the step."""
+    return to_device(torch.tensor(rows, dtype=torch.long), device)
 
 
 def target_probs(

@@ -521,10 +521,18 @@ class StepGraphs:
 
 
 def on_device(x: Any, device: torch.device) -> Any:
-    """x on `device` where it is a tensor; anything else as it is (ModelRunner.to_device is the pinned,
-    asynchronous copy of a host tensor)."""
+    """x on `device` where it is a tensor; anything else as it is (`to_device` is the pinned, asynchronous
+    copy of a host tensor)."""
     x = as_tensor(x)
     return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`, on a GPU copied from pinned memory without waiting: a copy from pageable
+    memory waits for the work queued before it (an overlapped step's, a round's head passes)."""
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
 
 
 def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
