@@ -62,6 +62,7 @@ def measure(llm, prompts, k: int, max_tokens: int, fixed: bool) -> tuple[dict, l
     spec = llm.engine.spec
     spec.acceptance = AcceptanceStats()
     spec.draft_policy = draft_every_step if fixed else next_num_drafts
+    spec.round_costs = None  # acceptance alone: what the depths predict, not what pays at this batch
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k)
     t0 = time.perf_counter()
     outs = llm.generate([PromptInput(torch.tensor(p)) for p in prompts], params)

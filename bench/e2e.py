@@ -46,7 +46,6 @@ from builder.published_build import build_published_tensors
 from inkling.published.config import preset
 from inkling.published.synth import iter_tensors
 from runtime import LLM, PromptInput, SamplingParams
-from runtime.speculative import draft_every_step
 
 from .bound import real_decode_batch_seconds, real_decode_step_bytes, real_prefill_flops
 from .profiling import write_profile
@@ -381,7 +380,7 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
     results["capacity"] = llm.engine.capacity()
     print(f"[bench] {results['capacity']}", flush=True)
     if args.fixed_drafts:
-        llm.engine.spec.draft_policy = draft_every_step
+        llm.engine.spec.fix_drafts()
     if args.eager_pick:
         llm.engine.runner.draft_graphs = None
     prompts = {f"prompt {i + 1}": random_prompt(config, args.prompt_len, args.seed + i) for i in range(3)}

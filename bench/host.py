@@ -36,7 +36,6 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from builder import Engine
 from runtime import LLMEngine, PromptInput, SamplingParams
-from runtime.speculative import draft_every_step
 
 
 class Clock:
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     replay = args.replay and not on_cuda  # on the GPU the programs are graph replays already
     results = []
     llm = LLMEngine(engine, pad_eager=not on_cuda, overlap=False)
-    llm.spec.draft_policy = draft_every_step  # synthetic heads accept nothing: the adaptive policy would stop
+    llm.spec.fix_drafts()  # synthetic heads accept nothing: the adaptive policy would stop
     for batch in args.batch:
         for drafts in args.drafts:
             row = measure(llm, batch, drafts, args.steps, args.prompt_len, False, replay, args.temperature)

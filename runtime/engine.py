@@ -55,6 +55,7 @@ class LLMEngine:
         overlap: bool | None = None,
         compile: bool | None = None,
         max_prefill_pairs: int | None = None,
+        draft_costs: bool | None = None,
     ):
         """workers: the other ranks of a tensor-parallel engine (runtime/distributed.py; LLM starts them).
         cuda_graphs: decode/verify steps and MTP head passes replay CUDA graphs per batch bucket (CUDA
@@ -64,7 +65,10 @@ class LLMEngine:
         step is certain (see `step`); None: on for a one-rank CUDA engine (tensor-parallel: opt in).
         compile: torch.compile the programs (None: as the engine was built).
         max_prefill_pairs: beside decoding sequences, a prefill chunk's tokens x (context + tokens) stay
-        within this (runtime/scheduler.py), bounding their inter-token latency while a long prompt fills."""
+        within this (runtime/scheduler.py), bounding their inter-token latency while a long prompt fills.
+        draft_costs: MTP rounds are timed and their drafts capped where more do not pay at the batch's size
+        (runtime/speculative.py RoundCosts); None: on for CUDA engines. Off, a sequence's drafts follow its
+        acceptance alone, and seeded sampled requests draw the same tokens whatever the timing."""
         self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager, compile)
         # Tensor-parallel ranks opt in (the picks reach the other ranks by a broadcast) until that path has
         # run on GPUs.
@@ -89,6 +93,8 @@ class LLMEngine:
         log.info("%s", self.capacity())
         self.prefix = PrefixCache(self.blocks, self.runner, bc.max_draft_len)
         self.spec = SpeculativeDecoder(self.runner, self.blocks, bc.max_draft_len, self.num_real_tokens)
+        if not (self.runner.device.type == "cuda" if draft_costs is None else draft_costs):
+            self.spec.round_costs = None
         self.stats = EngineStats()
         self.outputs = OutputProcessor(self.tokenizer, eos_ids, self.stats)
         self.admission = Admission(
@@ -258,9 +264,14 @@ class LLMEngine:
                     self.requests.pop(seq.request_id, None)
                     self.scheduler.finish(seq, delta.finish_reason)
         self.runner.flush_rollbacks()  # the rejected drafts' sconv rollbacks, all sequences' at once
-        if heads:
+        if not heads:
+            self.spec.no_round()
+        else:
             try:
-                self.spec.draft(heads)
+                decode = all(
+                    s.num_tokens == s.num_drafts + 1 and s.start >= s.seq.num_prompt for s in step.batch
+                )
+                self.spec.draft(heads, len(step.batch) if decode else None)
             except Exception as e:
                 return deltas + self._isolate([ScheduledSeq(h[0].seq, 0, 0) for h in heads], e, "drafting")
         for s in step.batch:  # an isolated sequence that recomputed alone past where its batch failed

@@ -5,6 +5,7 @@ the heads' passes are runtime/drafter.py."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,9 @@ from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .speculative import (
     AcceptanceStats,
+    RoundCosts,
     accept_targets,
+    draft_every_step,
     draw_rows,
     greedy_accept,
     next_num_drafts,
@@ -38,6 +41,16 @@ class SpeculativeDecoder:
         # How many drafts a sequence's next step makes (stats, requested) -> n: the adaptive policy, or
         # speculative.draft_every_step where a benchmark wants every step to draft.
         self.draft_policy = next_num_drafts
+        # The cost side (speculative.RoundCosts): measured rounds cap the drafts where more do not pay; None
+        # leaves the acceptance side alone (LLMEngine(draft_costs=False), benchmarks of fixed drafts).
+        self.round_costs: RoundCosts | None = RoundCosts()
+        self._last_round: tuple[int, int, float] | None = None  # (batch, drafts, end) of a decode round
+
+    def fix_drafts(self) -> None:
+        """Draft what each request asks in every step, whatever it costs or accepts (benchmarks of the cost
+        side: synthetic depths accept nothing, so the adaptive policy would stop drafting)."""
+        self.draft_policy = draft_every_step
+        self.round_costs = None
 
     # Verification.
     def verify_sampled(
@@ -171,26 +184,55 @@ class SpeculativeDecoder:
             seq.head_computed[m - 1] = valid
         self.runner.rollback_heads(seq.slot, counts)
 
-    def draft(self, heads: list[tuple[RequestState, torch.Tensor, int, int]]) -> None:
+    def draft(
+        self, heads: list[tuple[RequestState, torch.Tensor, int, int]], batch: int | None = None
+    ) -> None:
         """A round of the MTP heads over the sequences that stepped (state, their fresh hidden rows, the
         step's first position, the rows' offset in the step's output): catch up over the new positions and
         draft the next step's tokens, as many as the acceptance policy says (none for a step that still
-        feeds known tokens)."""
-        work = []
-        for state, rows, start, offset in heads:
+        feeds known tokens), at most the round's cap from its measured costs (`round_costs`). batch: the
+        step's sequences where it fed each its one token and its drafts (a round, whose time RoundCosts
+        measures), else None."""
+        wants = []
+        for state, _, _, _ in heads:
             seq = state.seq
             self.settle_heads(seq)
-            requested = min(seq.params.num_draft_tokens, self.runner.num_heads)
             num_drafts = 0
             if not seq.is_prefill:  # the next step feeds one token: draft behind it
+                requested = min(seq.params.num_draft_tokens, self.runner.num_heads)
                 remaining = seq.params.max_tokens - len(seq.output_ids) - 1
-                num_drafts = min(
-                    self.draft_policy(state.acceptance, requested), remaining, self.max_draft_len
+                num_drafts = max(
+                    0, min(self.draft_policy(state.acceptance, requested), remaining, self.max_draft_len)
                 )
-            work.append(HeadWork(seq, seq.num_computed, start, rows, requested, max(num_drafts, 0), offset))
+            wants.append((state.acceptance.ema, num_drafts))
+        costs = self.round_costs
+        cap = self.max_draft_len if costs is None else costs.cap(wants, batch or len(wants))
+        work = []
+        for (state, rows, start, offset), (_, num_drafts) in zip(heads, wants):
+            seq = state.seq
+            requested = min(seq.params.num_draft_tokens, self.runner.num_heads)
+            work.append(HeadWork(seq, seq.num_computed, start, rows, requested, min(num_drafts, cap), offset))
         drafts = self.runner.run_heads(work)
         for w, d in zip(work, drafts):
             if d:
                 w.seq.drafts = list(d)
                 w.seq.head_drafts = list(d)
                 w.seq.drafts_from = len(w.seq)
+        self._time_round(batch, max((len(d) for d in drafts), default=0))
+
+    def no_round(self) -> None:
+        """A step without a round of the heads: the next round's time is not a round's alone."""
+        self._last_round = None
+
+    def _time_round(self, batch: int | None, drafts: int) -> None:
+        """Measure a decode round (the time since the last one ended) where the round before was of the same
+        batch and drafts: a round's drafts are verified by the next one, so a steady state has both."""
+        now = time.perf_counter()
+        last, self._last_round = self._last_round, (None if batch is None else (batch, drafts, now))
+        if (
+            self.round_costs is not None
+            and batch is not None
+            and last is not None
+            and last[:2] == (batch, drafts)
+        ):
+            self.round_costs.record(batch, drafts, now - last[2])

@@ -234,3 +234,71 @@ def next_num_drafts(
     while n < requested and stats.ema[n] >= threshold:
         n += 1
     return n
+
+
+def batch_bucket(batch: int) -> int:
+    """The power of two at or above `batch`: rounds of nearby sizes share one cost estimate."""
+    return 1 << max(0, batch - 1).bit_length()
+
+
+def expected_tokens(ema: Sequence[float], num_drafts: int) -> float:
+    """Tokens a step with `num_drafts` drafts is expected to emit: the bonus or correction, plus each
+    position's chance of yielding a token (AcceptanceStats.ema, unconditional)."""
+    return 1.0 + sum(ema[:num_drafts])
+
+
+@dataclass
+class RoundCosts:
+    """The cost side of the draft policy: what a decode round takes at a batch size, by the most drafts a
+    sequence of it makes (0: the heads only keep up). `next_num_drafts` is the acceptance side; together
+    they keep a round's drafts only where its expected tokens per second beat fewer drafts': an MTP round
+    verifies (k + 1) tokens a sequence, whose routed experts differ, and runs k depths, so at a large
+    batch (or with little acceptance) it can cost more than the extra tokens are worth.
+
+    Seconds are EMAs of measured rounds per (batch bucket, drafts), restarted by a revisit. A round is measured only when the round
+    before it was a decode round of the same batch size and drafts: the first round after a change (a new
+    cap, a prefill, a new sequence, a graph capture) carries work of the other kind. A number of drafts not
+    yet measured at a bucket is tried before any choice; every `revisit` measured rounds of a bucket the one
+    measured least recently is tried again, so costs that move (longer contexts, other traffic) are seen and
+    the sequences' acceptance EMAs keep being fed while drafting is off."""
+
+    alpha: float = 0.25
+    revisit: int = 256
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    measured_at: dict[tuple[int, int], int] = field(default_factory=dict)
+    rounds: dict[int, int] = field(default_factory=dict)  # measured rounds per bucket
+
+    def record(self, batch: int, drafts: int, seconds: float) -> None:
+        """One measured round of `batch` sequences whose longest draft was `drafts`."""
+        key = (bucket := batch_bucket(batch), drafts)
+        rounds = self.rounds.get(bucket, 0)
+        old = self.seconds.get(key)
+        if old is None or rounds - self.measured_at[key] >= self.revisit:  # new, or a revisit: stale
+            self.seconds[key] = seconds
+        else:
+            self.seconds[key] = (1 - self.alpha) * old + self.alpha * seconds
+        self.rounds[bucket] = rounds + 1
+        self.measured_at[key] = self.rounds[bucket]
+
+    def cap(self, wants: Sequence[tuple[Sequence[float], int]], batch: int | None = None) -> int:
+        """The most drafts a sequence of the next round makes. `wants`: each drafting sequence's acceptance
+        EMAs and the drafts the acceptance side gives it; `batch`: the round's sequences, those that never
+        draft included (one token each; default len(wants)). 0 where no number of drafts pays."""
+        top = max((n for _, n in wants), default=0)
+        if top == 0:
+            return 0
+        batch = len(wants) if batch is None else batch
+        bucket = batch_bucket(batch)
+        caps = range(top + 1)
+        unmeasured = [c for c in caps if (bucket, c) not in self.seconds]
+        if unmeasured:
+            return unmeasured[-1]
+        stale = min(caps, key=lambda c: self.measured_at[(bucket, c)])
+        if self.rounds[bucket] - self.measured_at[(bucket, stale)] >= self.revisit:
+            return stale
+
+        def rate(c: int) -> float:
+            tokens = sum(expected_tokens(ema, min(n, c)) for ema, n in wants) + batch - len(wants)
+            return tokens / self.seconds[(bucket, c)]
+
+        return max(caps, key=rate)

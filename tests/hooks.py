@@ -18,8 +18,8 @@ def override_drafts(engine, fn: DraftOverride | None) -> None:
         return
     heads_draft = type(spec).draft.__get__(spec)
 
-    def draft(heads) -> None:
-        heads_draft(heads)
+    def draft(heads, batch=None) -> None:
+        heads_draft(heads, batch)
         for state, *_ in heads:
             seq = state.seq
             if seq.drafts:

@@ -420,3 +420,49 @@ def test_rollbacks_of_consecutive_slots_equal_slot_by_slot(engine):
     runner.flush_rollbacks()
     for states, expected in zip(heads, want):
         assert all(torch.equal(t, w) for t, w in zip(states, expected))
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_drafts_stop_where_rounds_do_not_pay(engine, monkeypatch, pays):
+    """The cost side of the draft policy (speculative.RoundCosts) in the engine, on a fake clock whose rounds
+    take 1 + (0.1 or 2) x drafts units: the depths' drafts always right (an oracle), every number of drafts is
+    measured once, then all 3 are kept where they pay and none where they do not. Either way the tokens are
+    plain decoding's."""
+    import runtime.spec_decode
+
+    g = torch.Generator().manual_seed(3)
+    requests = [(f"r{i}", torch.randint(0, VOCAB, (5,), generator=g), SamplingParams(max_tokens=40, ignore_eos=True))
+                for i in range(4)]  # fmt: skip
+    base, _ = run(engine, requests, k=0)
+    clock = [0.0]
+    monkeypatch.setattr(runtime.spec_decode, "time", type("Clock", (), {"perf_counter": lambda: clock[0]}))
+    eng = LLMEngine(engine, draft_costs=True)
+    drafted = []
+    heads = eng.runner.run_heads
+
+    def timed_heads(work):
+        drafts = max(w.num_drafts for w in work)
+        clock[0] += 1 + (0.1 if pays else 2) * drafts
+        drafted.append(drafts)
+        return heads(work)
+
+    eng.runner.run_heads = timed_heads
+    lens = {rid: len(ids) for rid, ids, _ in requests}
+
+    def truth(rid, tokens, drafts):  # plain decoding's next tokens, as many as the depths drafted
+        done = len(tokens) - lens[rid]
+        return base[rid][done : done + len(drafts)] + drafts[len(base[rid]) - done :]
+
+    override_drafts(eng, truth)
+    for rid, ids, params in requests:
+        eng.add_request(rid, PromptInput(ids), SamplingParams(**{**params.__dict__, "num_draft_tokens": 3}))
+    assert run_all(eng) == base
+    explored = [d for d in drafted if d]
+    if pays:
+        assert drafted[:9] == [3, 3, 3, 2, 2, 1, 1, 0, 0] and set(drafted[9:-3]) == {3}, drafted
+        assert eng.acceptance.mean_acceptance_length > 2.5  # exploration and the last tokens draft less
+    else:
+        # the prefill's round, then two rounds to measure each number, then none: drafts never pay
+        assert explored == [3, 3, 3, 2, 2, 1, 1], drafted
+    seconds = eng.spec.round_costs.seconds
+    assert seconds[(4, 0)] == 1.0 and seconds[(4, 3)] == pytest.approx(1.3 if pays else 7)

@@ -7,6 +7,7 @@ from scipy.stats import chi2
 
 from runtime.speculative import (
     AcceptanceStats,
+    RoundCosts,
     accept_targets,
     greedy_accept,
     next_num_drafts,
@@ -247,6 +248,66 @@ def test_policy_probes_and_recovers():
         n = next_num_drafts(s2, 8, probe_interval=16)
         s2.update(n, n)
     assert next_num_drafts(s2, 8, probe_interval=16) == 8
+
+
+def measured(costs: RoundCosts, batch: int, seconds: dict[int, float], times: int = 1) -> None:
+    for _ in range(times):
+        for drafts, t in seconds.items():
+            costs.record(batch, drafts, t)
+
+
+def test_round_costs_explore_then_keep_what_pays():
+    """The cost side of the draft policy: every number of drafts is measured at a batch bucket (the largest
+    first) before any choice, then the one whose expected tokens per second are highest is kept."""
+    from runtime.speculative import batch_bucket
+
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 33, 64)] == [1, 2, 4, 4, 8, 64, 64]
+    costs = RoundCosts()
+    wants = [([0.9, 0.8, 0.7], 3)] * 4
+    assert costs.cap([([1.0], 0)] * 4) == 0  # nobody drafts: nothing to measure
+    tried = []
+    for _ in range(4):
+        tried.append(cap := costs.cap(wants))
+        costs.record(4, cap, 0.010 + 0.002 * cap)
+    assert tried == [3, 2, 1, 0] and costs.seconds[(4, 2)] == pytest.approx(0.014)
+    assert costs.cap(wants) == 3  # 3.4 tokens a sequence in 16 ms beats 1 in 10 ms
+    # a batch of 3 shares the bucket of 4; a batch of 5 has its own, still unmeasured
+    assert costs.cap(wants[:3]) == 3 and costs.cap(wants * 2) == 3 and (8, 3) not in costs.seconds
+    # the EMA follows a cost that moved: drafting became dear
+    measured(costs, 4, {1: 0.030, 2: 0.050, 3: 0.070}, times=20)
+    assert costs.cap(wants) == 0
+
+
+def test_round_costs_on_measured_h100_rounds():
+    """bench/results/gpu-2026-12-06/h100-rounds: plain steps of 3.4, 6.8, 11.3 and 13.6 ms and rounds of 3
+    drafts of 12.2, 21.7, 34.9 and 50.7 ms at batch 1, 8, 32 and 64 (inkling-bench, 2K prompts). With depths
+    whose positions yield 0.8, 0.75 and 0.7 (2.25 drafts a round, near the trained small model's), 3 drafts
+    pay at batch 8 and 32, not at batch 1 or 64; the tokens that the sequences not drafting emit count too."""
+    costs = RoundCosts()
+    rounds = {1: (3.4, 12.2), 8: (6.8, 21.7), 32: (11.3, 34.9), 64: (13.6, 50.7)}
+    for batch, (plain, three) in rounds.items():
+        measured(costs, batch, {0: plain / 1e3, 1: 1.0, 2: 1.0, 3: three / 1e3})  # 1 and 2 drafts: dear
+    ema = [0.8, 0.75, 0.7]
+    assert {b: costs.cap([(ema, 3)] * b) for b in rounds} == {1: 0, 8: 3, 32: 3, 64: 0}
+    # at batch 32, 26 sequences that never draft make a round of 6 drafting ones not pay
+    assert costs.cap([(ema, 3)] * 6, batch=32) == 0
+    # better depths (0.95 a position) pay at batch 64 too
+    assert costs.cap([([0.95] * 3, 3)] * 64) == 3
+
+
+def test_round_costs_revisit_the_least_recent_measure():
+    """Every `revisit` measured rounds of a bucket, the number of drafts measured least recently is tried
+    again (two rounds in a row: a round is measured after one of its kind), so a choice can change back."""
+    costs = RoundCosts(revisit=10)
+    wants = [([0.9, 0.9], 2)] * 2
+    measured(costs, 2, {0: 0.01, 1: 0.05, 2: 0.09})
+    assert costs.cap(wants) == 0
+    measured(costs, 2, {0: 0.01}, times=9)  # 1 drafts, measured before these, is now 10 rounds old
+    assert costs.cap(wants) == 1 and costs.cap(wants) == 1  # tried until measured again
+    costs.record(2, 1, 0.011)
+    assert costs.cap(wants) == 2  # then 2's turn (its measure is as old), then the choice itself
+    costs.record(2, 2, 0.012)
+    assert costs.cap(wants) == 2  # 2.8 tokens a sequence in 12 ms
 
 
 def test_inverse_cdf_draws_never_pick_a_zero_probability_token():
