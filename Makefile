@@ -18,7 +18,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 
-.PHONY: venv test lint unit test-slow test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-long-context bench-serving train train-published bench-needle bench-acceptance clean
+.PHONY: venv test lint unit test-slow test-gpu demo synth convert engine serve bench bench-decode bench-mtp bench-long-context bench-serving train bench-needle bench-acceptance clean
 
 venv: $(STAMP)
 
@@ -115,20 +115,16 @@ $(AIPERF_VENV)/bin/aiperf:
 bench-serving: $(STAMP) $(AIPERF_VENV)/bin/aiperf
 	$(PY) -m bench.serving --engine $(ENGINE) --aiperf $(AIPERF_VENV)/bin/aiperf
 
-# The small trained Inkling (data/inkling-small): `make GPU=1 train` on the GPU host retrains it into
-# build/inkling-small (the committed run: 1765 steps, 354 s on one H200); TRAIN_ARGS= to change it.
-TRAIN_ARGS ?= --steps 1765
+# The small trained real Inkling (train/published.py): data/inkling-small-published was made this way on one
+# H200 (`make GPU=1 train` on the GPU host, with transformers on PYTHONPATH); TRAIN_ARGS= to change it.
+TRAIN_ARGS ?= --steps 1035 --qk_norm_lr_scale 10
 train: $(STAMP)
-	$(PY) -m train --out build/inkling-small --force $(TRAIN_ARGS)
+	$(PY) -m train.published --out build/inkling-small-published --force $(TRAIN_ARGS)
 
-# The small real Inkling (train/published.py): data/inkling-small-published was made this way on one H200.
-TRAIN_PUBLISHED_ARGS ?= --steps 1035 --qk_norm_lr_scale 10
-train-published: $(STAMP)
-	$(PY) -m train.published --out build/inkling-small-published --force $(TRAIN_PUBLISHED_ARGS)
-
-# Needle in a haystack and MTP acceptance on data/inkling-small, reference and engine (CPU, float32).
+# Needle in a haystack (engine beside transformers) and MTP acceptance on data/inkling-small-published (CPU,
+# float32; bench.long_needle's GPU run goes to 1M tokens).
 bench-needle: $(STAMP)
-	$(PY) -m bench.needle --out build/needle
+	$(PY) -m bench.long_needle --device cpu --lengths 512,1024,2048,4096 --depths 0.1,0.5,0.9 --out build/needle
 
 bench-acceptance: $(STAMP)
 	$(PY) -m bench.acceptance --out build/acceptance

@@ -1,15 +1,17 @@
-"""MTP acceptance of the trained small Inkling, measured with the runtime (engine, verify, accept).
+"""MTP acceptance of the trained small real Inkling, measured with the runtime (engine, verify, accept).
 
     python -m bench.acceptance --out build/acceptance          # CPU, float32 engine, greedy
 
-Prompts lie within the trained length (2048) and come from text the model did not train on (pydoc
-help topics) or from fresh task samples: text continuation, counting, arithmetic sequences, copying,
-sums. For each num_draft_tokens k in --drafts, the engine generates greedily with MTP twice: with the
-runtime's adaptive policy (what a user gets: a request whose acceptance stays low drafts fewer) and with
-k drafts every step (the policy replaced by "always k", to read the heads' quality); the outputs must
-equal plain decoding's (checked). Reported: mean acceptance length (tokens per step, bonus included)
-and the unconditional acceptance rate of each draft position (accepted / proposed). Writes
-results.json, results.md and acceptance.png into --out.
+data/inkling-small-published (train/published.py: the real architecture with its 8 trained MTP depths) is
+built into an engine. Prompts lie within the trained length (2048) and come from text the model did not
+train on (pydoc help topics) or from fresh task samples: text continuation, counting, arithmetic sequences,
+copying, sums. For each num_draft_tokens k in --drafts, the engine generates greedily with MTP twice: with
+the runtime's adaptive policy on its acceptance side (what a request's acceptance alone decides; the cost
+side, runtime/speculative.py RoundCosts, depends on the batch and the device) and with k drafts every step
+(the policy replaced by "always k", to read the depths' quality); the outputs must equal plain decoding's
+(checked). Reported: mean acceptance length (tokens per step, bonus included) and the unconditional
+acceptance rate of each draft position (accepted / proposed). Writes results.json, results.md and
+acceptance.png into --out.
 """
 
 from __future__ import annotations
@@ -17,23 +19,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 
 import torch
+from tokenizers import Tokenizer
 
-from inkling.tokenizer import load_tokenizer
 from runtime.speculative import AcceptanceStats, draft_every_step, next_num_drafts
-from train import SMALL_CHECKPOINT
 from train.data import Mixture
-
-from .needle import prepare_engine
+from train.published import CHECKPOINT, EOS, SEPARATOR, materialize
 
 TASKS = ("text", "count", "sequence", "copy", "sums")
 
 
 def task_prompts(tok, task: str, n: int, seed: int = 0) -> list[list[int]]:
     """`n` prompts of one task: a sample cut where its answer (or the text) is under way."""
-    mixture = Mixture(tok, seq_len=2048, seed=seed, held_out=True)
+    mixture = Mixture(tok, seq_len=2048, seed=seed, held_out=True, bos=SEPARATOR, eos=EOS)
     prompts = []
     for _ in range(n):
         if task == "text":
@@ -51,7 +52,7 @@ def training_vocab(tok, size: int, seed: int, rows: int = 64) -> list[int]:
 
     from builder.draft_vocab import most_frequent
 
-    ids, _ = Mixture(tok, seq_len=2048, seed=seed + 1).batch(rows)
+    ids, _ = Mixture(tok, seq_len=2048, seed=seed + 1, bos=SEPARATOR, eos=EOS).batch(rows)
     return most_frequent(Counter(ids.flatten().tolist()), size, tok.get_added_tokens_decoder())
 
 
@@ -78,18 +79,29 @@ def measure(llm, prompts, k: int, max_tokens: int, fixed: bool) -> tuple[dict, l
     return stats, [list(o.token_ids) for o in outs]
 
 
+def prepare_engine(work: str, device: str, dtype: str, draft_vocab: list[int] | None = None):
+    """The committed checkpoint made whole (`materialize`) under `work`, built for prompts of up to 2K."""
+    from builder import BuildConfig, build
+
+    ckpt = materialize(CHECKPOINT, os.path.join(work, "inkling-small-published"), force=True)
+    bc = BuildConfig(
+        dtype=dtype, device=device, max_batch_size=8, max_input_len=2048, max_seq_len=2304,
+        max_num_tokens=2048, max_draft_len=8,
+    )  # fmt: skip
+    return ckpt, build(ckpt, bc, echo=False, draft_vocab=draft_vocab)
+
+
 def run(args) -> dict:
     from runtime import LLM
 
     os.makedirs(args.out, exist_ok=True)
     drafts = [int(x) for x in args.drafts.split(",")]
-    tok = load_tokenizer(SMALL_CHECKPOINT)
+    tok = Tokenizer.from_file(os.path.join(CHECKPOINT, "tokenizer.json"))
     vocab = training_vocab(tok, args.draft_vocab_size, args.seed) if args.draft_vocab_size else None
-    _, engine = prepare_engine(
-        args.work_dir or args.out, 2048, device=args.device, dtype=args.dtype, draft_vocab=vocab
-    )
+    with tempfile.TemporaryDirectory() as scratch:
+        _, engine = prepare_engine(args.work_dir or scratch, args.device, args.dtype, vocab)
     llm = LLM(engine)
-    results: dict = {"checkpoint": SMALL_CHECKPOINT, "device": args.device, "dtype": args.dtype, "tasks": {}}
+    results: dict = {"checkpoint": CHECKPOINT, "device": args.device, "dtype": args.dtype, "tasks": {}}
     if vocab is not None:
         results["draft_vocab_size"] = len(vocab)
     for task in TASKS:
@@ -120,7 +132,7 @@ def markdown(results: dict, drafts: list[int]) -> str:
     head = (
         "| task | "
         + " | ".join(f"k={k} adaptive | k={k} fixed" for k in drafts)
-        + " | rates per position (k=8 fixed) |"
+        + f" | rates per position (k={max(drafts)} fixed) |"
     )
     lines = [head, "|" + "---|" * (2 * len(drafts) + 2)]
     for task, entry in results["tasks"].items():
@@ -153,7 +165,7 @@ def plot(results: dict, drafts: list[int], path: str) -> None:
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (accepted / proposed)")
     ax.set_ylim(0, 1)
-    ax.set_title(f"inkling-small MTP acceptance, k={k} drafts every step")
+    ax.set_title(f"inkling-small-published MTP acceptance, k={k} drafts every step")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)

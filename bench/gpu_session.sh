@@ -22,7 +22,6 @@
 #                                             #   after the published GPU tests (carry [".whl"])
 #     bash bench/gpu_session.sh sampler       # 1 GPU: bench.sampler, a step's draws row by row against batched
 #     bash bench/gpu_session.sh load          # 1 GPU: engine load times in fresh processes (bench.load)
-#     bash bench/gpu_session.sh train         # 1 GPU: retrain data/inkling-small (make train)
 #     bash bench/gpu_session.sh train-published  # 1 GPU: train data/inkling-small-published, the real
 #                                             #   architecture (train/published.py; carry [".whl"] as published)
 #     bash bench/gpu_session.sh tp            # 2 GPUs: the tensor-parallel tests (NCCL), then bench.tp tp 2
@@ -229,9 +228,6 @@ serving)
 load)
     tiny_engine /tmp/engine-compiled --compile
     run load 300 python3 -m bench.load --engine /tmp/engine-compiled --out "$OUT/load"
-    ;;
-train)
-    run train 560 make GPU=1 train
     ;;
 tp)
     tp_tests_then_bench 150 380

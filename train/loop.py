@@ -1,5 +1,5 @@
-"""What both trainers share (`python -m train`, the earlier model; `python -m train.published`, the real
-one): their arguments, the weighted loss, the learning-rate schedule, the needle evaluation and the loop.
+"""The trainer's loop (`python -m train.published`): its arguments, the weighted loss, the learning-rate
+schedule, the needle evaluation and the loop itself.
 
 A trainer supplies `losses(ids, weights) -> (main, [one per MTP head or depth])` and
 `answer_logits(ids) -> logits [1, T, V]` of its model; an optimizer group may carry `lr_scale`.
