@@ -66,8 +66,8 @@ def build(
             tensors = source
         if not config.is_quantized:
             raise BuildError(
-                "the checkpoint's routed experts are bf16: convert it first "
-                "(python -m convert --model_dir IN --output_dir OUT --quant nvfp4)"
+                "the earlier model's checkpoint has bf16 routed experts: its build takes NVFP4 ones only "
+                "(python -m inkling.synth --nvfp4); the real Inkling builds from BF16 or NVFP4"
             )
     if draft_vocab is not None:
         draft_vocab = _draft_vocab(config, bc, tokenizer_json, draft_vocab)

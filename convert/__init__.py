@@ -1,15 +1,15 @@
-"""Checkpoint -> checkpoint: NVFP4 quantization of the routed experts with ModelOpt (INKLING_SPEC §9).
+"""A BF16 checkpoint of the real Inkling in, the published NVFP4 layout out, with ModelOpt (convert/published.py).
 
-    python -m convert --model_dir build/inkling-tiny --output_dir build/inkling-tiny-nvfp4 --quant nvfp4
+    python -m convert --model_dir BF16_DIR --output_dir NVFP4_DIR [--quantize_first_moe]
 
     from convert import convert
-    result = convert("build/inkling-tiny", "build/inkling-tiny-nvfp4", quant="nvfp4", calib=8)
+    config = convert("build/inkling-tiny", "build/inkling-tiny-nvfp4", calibration_prompts_n=8)
 
-Modules: `pipeline` (the streaming conversion), `quantize` (experts through ModelOpt, the quantization
-config), `calibrate` (input scales from the reference model), `output` (atomic output dir, manifest).
+Modules: `published` (the conversion and its calibration), `output` (the atomic output directory and the
+side files), `errors`.
 """
 
 from .errors import ConvertError
-from .pipeline import QUANT_METHODS, ConvertResult, convert
+from .published import convert
 
-__all__ = ["QUANT_METHODS", "ConvertError", "ConvertResult", "convert"]
+__all__ = ["ConvertError", "convert"]

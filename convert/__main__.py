@@ -1,3 +1,3 @@
-from .cli import main
+from .published import main
 
 raise SystemExit(main())

@@ -1,37 +1,14 @@
-"""The output directory: written in a temp dir beside it and renamed into place, with a manifest."""
+"""The output directory: written in a temp dir beside it and renamed into place; the side files copied."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
 
 from .errors import ConvertError
-
-MANIFEST_FILE = "manifest.json"
-_HASH_CHUNK = 8 * 2**20
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_SIZE_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
-
-
-def parse_size(text: str | int) -> int:
-    """'2GB' -> 2_000_000_000, '512MiB' -> 536_870_912, '1000' -> 1000 (as Hugging Face counts)."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).upper() not in _SIZE_UNITS:
-        raise ConvertError(f"cannot read the size {text!r}: expected e.g. 2GB, 500MB, 4GiB or a byte count")
-    size = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
-    if size <= 0:
-        raise ConvertError(f"size must be positive, got {text!r}")
-    return size
 
 
 def check_output_path(model_dir: str, output_dir: str, force: bool) -> None:
@@ -87,31 +64,3 @@ def copy_side_files(model_dir: str, out_dir: str, skip: set[str]) -> list[str]:
         shutil.copy2(src, os.path.join(out_dir, name))
         copied.append(name)
     return copied
-
-
-def write_json(path: str, data: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def write_manifest(out_dir: str, num_threads: int = 2) -> dict[str, dict[str, Any]]:
-    """manifest.json: {file: {size, sha256}} for every other file of the directory (hashlib drops the GIL)."""
-    files = sorted(
-        os.path.relpath(os.path.join(root, f), out_dir) for root, _, names in os.walk(out_dir) for f in names
-    )
-    files = [f for f in files if f != MANIFEST_FILE]
-    paths = [os.path.join(out_dir, f) for f in files]
-    with ThreadPoolExecutor(max(1, num_threads)) as pool:
-        digests = list(pool.map(sha256_file, paths))
-    manifest = {f: {"size": os.path.getsize(p), "sha256": d} for f, p, d in zip(files, paths, digests)}
-    write_json(os.path.join(out_dir, MANIFEST_FILE), manifest)
-    return manifest

@@ -34,13 +34,43 @@ from inkling.published.config import InklingConfig, QuantConfig, published_exclu
 from inkling.published.layout import checkpoint_tensors
 
 from . import output
-from .calibrate import CALIBRATION_TEXTS, MAX_PROMPT_TOKENS
 from .errors import ConvertError
-from .quantize import modelopt_version
 
 UNCALIBRATED_AMAX = nvfp4.E2M1_MAX * nvfp4.E4M3_MAX
 DEFAULT_PROMPTS = 8
+MAX_PROMPT_TOKENS = 256
+# Built-in calibration text: varied registers (prose, code, numbers, dialogue, lists), so that the
+# router spreads the tokens over many experts.
+CALIBRATION_TEXTS = (
+    "The history of the printing press is a story of small improvements: movable type, oil-based ink, "
+    "and a screw press borrowed from winemakers changed how ideas travelled across Europe.",
+    "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
+    "Q: How many minutes are there in a week? A: 7 days * 24 hours * 60 minutes = 10080 minutes.",
+    "Ingredients: 200 g flour, 2 eggs, 300 ml milk, a pinch of salt. Whisk, rest for 30 minutes, then fry.",
+    "Dear team, the release is planned for Thursday. Please merge fixes by Tuesday noon and update the changelog.",
+    "SELECT name, COUNT(*) AS orders FROM customers JOIN orders USING (id) GROUP BY name ORDER BY orders DESC;",
+    "In 1969 the Apollo 11 mission landed on the Moon; Neil Armstrong and Buzz Aldrin spent about 21 hours there.",
+    "The mitochondria convert nutrients into ATP through oxidative phosphorylation across the inner membrane.",
+    '{"id": 42, "tags": ["alpha", "beta"], "active": true, "score": 3.14159, "owner": {"name": "Ada"}}',
+    "Il pleut depuis ce matin, mais nous irons quand même au marché acheter des pommes et du fromage.",
+    "Theorem: there are infinitely many primes. Proof: suppose p1..pn are all of them; p1*...*pn + 1 has a new factor.",
+    "- buy milk\n- call the plumber about the kitchen sink\n- renew the passport before March\n- water the plants",
+    "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }  // dot product, O(n) time and O(1) memory",
+    "The quick brown fox jumps over the lazy dog while the five boxing wizards jump quickly.",
+    "Error: connection refused (errno 111) while contacting 10.0.0.7:8080; retrying in 5 seconds.",
+    "She said, 'I will be there at half past six,' and then, after a pause, 'unless the train is late again.'",
+)
 _SIDE_FILES_SKIP = {"config.json", "hf_quant_config.json", "model.safetensors.index.json", "README.md"}
+
+
+def modelopt_version() -> str:
+    try:
+        import modelopt
+    except ImportError as e:
+        raise ConvertError(
+            "NVFP4 conversion needs NVIDIA ModelOpt (nvidia-modelopt): pip install .[convert]"
+        ) from e
+    return modelopt.__version__
 
 
 def quantized_config(config: InklingConfig, quantize_first_moe: bool = False) -> InklingConfig:

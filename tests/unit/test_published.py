@@ -361,3 +361,34 @@ def test_converter_can_quantize_the_first_moe_layer(tiny_dir, tmp_path):
     with PublishedCheckpoint(tmp_path / "all") as ckpt:
         assert ckpt.dtype("model.llm.layers.2.mlp.experts.w13_weight") == torch.uint8
         assert float(ckpt.get("model.llm.layers.2.mlp.experts.w13_weight.input_amax")) == 6 * 448
+
+
+def test_converter_refuses_bad_inputs_and_outputs_and_loses_nothing(converted, tiny_dir, tmp_path, capsys):
+    """`python -m convert`: an existing output without --force, an output over the input, a checkpoint
+    that is not the real Inkling and a truncated shard each end with one clear error, and leave no output
+    (a failed conversion removes its temp dir)."""
+    import json
+    import shutil
+
+    from convert.published import main as convert_main
+
+    def refused(model_dir, out, match, *flags):
+        assert convert_main(["--model_dir", str(model_dir), "--output_dir", str(out), "--calibration_prompts",
+                             "0", *flags]) == 1  # fmt: skip
+        assert match in capsys.readouterr().err
+
+    out = tmp_path / "out"
+    out.mkdir()
+    refused(tiny_dir, out, "already exists: pass --force")
+    refused(tiny_dir, tiny_dir, "would overwrite the input", "--force")
+    other = tmp_path / "other"
+    shutil.copytree(tiny_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    refused(other, tmp_path / "o1", "model_type")
+    (other / "config.json").write_text(json.dumps(config))
+    shard = sorted(other.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    refused(other, tmp_path / "o2", shard.name)
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
