@@ -28,7 +28,11 @@ from .sequence import Sequence
 from .step_graphs import on_device, to_device
 
 INPUT_IDS = HEAD.index("input_ids")
-HIDDEN_RING = 16  # positions of h^0..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
+HIDDEN_RING = 16  # positions of h^1..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
+# Positions of h^0 (the trunk's rows) kept per sequence: deep enough that a round drafting nothing can leave
+# the heads behind (`run`: they catch up, in one pass over many positions, when a sequence drafts again or
+# its h^0 rows would otherwise leave the ring), so steps without drafts cost no head passes.
+TRUNK_RING = 64
 
 
 @dataclass
@@ -129,12 +133,16 @@ class Drafter:
         self.device, self.dtype, self.config = heads.splice_row.device, heads.splice_row.dtype, config
         self.num_heads = len(heads.weights)
         self.block_size, self.max_blocks_per_seq = build.tokens_per_block, build.max_blocks_per_seq
+        self.max_pass_tokens = build.max_num_tokens  # the head programs' bound
         self.head_graphs = self.draft_graphs = None
         slots, H = build.max_batch_size, self.config.hidden_size
         levels = max(self.num_heads, 1)
-        self.hidden_ring = torch.zeros(levels, slots, HIDDEN_RING, H, dtype=self.dtype, device=self.device)
+        self.ring_len = [TRUNK_RING] + [HIDDEN_RING] * (levels - 1)
+        self.hidden_ring = [
+            torch.zeros(slots, n, H, dtype=self.dtype, device=self.device) for n in self.ring_len
+        ]
         # each (level, slot)'s ring as a view made once: a write or read is then one slice, not three
-        self.rings = [list(self.hidden_ring[level].unbind(0)) for level in range(levels)]
+        self.rings = [list(ring.unbind(0)) for ring in self.hidden_ring]
         self.ring_end = [[0] * slots for _ in range(levels)]
         self.draft_impl = engine_config["plugin_config"]["impls"].get("mtp_draft", "reference")
         # The draft pick's lm_head: every real row, or the rows of the engine's draft vocabulary (its own
@@ -195,6 +203,9 @@ class Drafter:
         pass, so it can draft again later. Its input h^{m-1} comes from head m-1's output of this round
         or, for older positions, from the hidden-state ring (h^0: the step's hidden states).
 
+        A work item that drafts nothing may leave its heads behind (`stays_behind`): its h^0 rows go into
+        the trunk's ring, and a later round covers their positions.
+
         The drafts stay on the device until the last head has run: head m reads head m-1's draft from
         there (an input id written on the device), and host inputs travel from pinned memory, so the
         host prepares head m+1 while head m runs and waits once per round, not once per head.
@@ -207,37 +218,76 @@ class Drafter:
         num_drafts = [0] * len(work)  # drafts made so far, per work item
         fresh = [(w.fresh_start, w.fresh_rows) for w in work]  # level m-1: first position, rows
         self._ring_write_many(0, [(w.seq.slot, w.fresh_start, w.fresh_rows) for w in work])
+        behind = [self.stays_behind(w) for w in work]
         for m in range(1, max((w.num_heads for w in work), default=0) + 1):
-            items = []
+            spans = {}
             for i, w in enumerate(work):
-                if m > w.num_heads:
+                if m > w.num_heads or behind[i]:
                     continue
                 start = w.seq.head_computed[m - 1]
                 end = w.computed if m <= w.num_drafts else min(w.computed, len(w.seq) - m)
                 if end > start:
-                    items.append((i, start, end))
+                    spans[i] = (start, end)
                 else:
                     fresh[i] = (end, None)
-            if not items:
-                continue
-            drafting = [j for j, (i, _, _) in enumerate(items) if m <= work[i].num_drafts]
-            args, cu = self._head_args(m, work, items, fresh, num_drafts, drafting)
-            out = self._head_pass(m, args, bool(drafting))
-            for j in drafting:
-                num_drafts[items[j][0]] += 1
-            writes = []
-            for j, (i, start, end) in enumerate(items):
-                rows_m = out[int(cu[j]) : int(cu[j + 1])]
-                fresh[i] = (start, rows_m)
-                writes.append((work[i].seq.slot, start, rows_m))
-                work[i].seq.head_computed[m - 1] = end
-            if m < self.num_heads:
-                self._ring_write_many(m, writes)
+            parts: dict[int, list[torch.Tensor]] = {i: [] for i in spans}
+            passes = self._passes(spans)
+            for items in passes:
+                drafting = [
+                    j for j, (i, _, end) in enumerate(items) if m <= work[i].num_drafts and end == spans[i][1]
+                ]
+                args, cu = self._head_args(m, work, items, fresh, num_drafts, drafting)
+                out = self._head_pass(m, args, bool(drafting))
+                for j in drafting:
+                    num_drafts[items[j][0]] += 1
+                writes = []
+                for j, (i, start, end) in enumerate(items):
+                    rows_m = out[int(cu[j]) : int(cu[j + 1])]
+                    # a graph's output rows live until head m's next replay: copied where it replays again
+                    parts[i].append(rows_m if len(passes) == 1 else rows_m.clone())
+                    writes.append((work[i].seq.slot, start, rows_m))
+                    work[i].seq.head_computed[m - 1] = end
+                if m < self.num_heads:
+                    self._ring_write_many(m, writes)
+            for i, rows in parts.items():  # level m's rows of this round, for head m + 1
+                fresh[i] = (spans[i][0], rows[0] if len(rows) == 1 else torch.cat(rows))
         if not any(num_drafts):
             return [[] for _ in work]
         drafts = self.drafted[: len(work) * self.draft_stride].view(len(work), -1)
         rows = drafts.tolist()  # the round's one wait for the device
         return [rows[i][:n] for i, n in enumerate(num_drafts)]
+
+    def _passes(self, spans: dict[int, tuple[int, int]]) -> list[list[tuple[int, int, int]]]:
+        """A head's passes over the positions [start, end) of each work item (`spans`), in order: each pass
+        within the head programs' max_num_tokens, at most one piece of an item in a pass (its sconv state
+        moves through the positions in order), an item's later pieces in later passes. One pass but for a
+        catch-up over many positions (`stays_behind`)."""
+        left = dict(spans)
+        passes = []
+        while left:
+            items, budget = [], self.max_pass_tokens
+            for i, (start, end) in list(left.items()):
+                if budget == 0:
+                    break
+                stop = min(end, start + budget)
+                items.append((i, start, stop))
+                budget -= stop - start
+                if stop == end:
+                    del left[i]
+                else:
+                    left[i] = (stop, end)
+            passes.append(items)
+        return passes
+
+    def stays_behind(self, w: HeadWork) -> bool:
+        """Whether a work item that drafts nothing this round leaves its heads where they are: while the trunk's
+        ring still holds h^0 of every position head 1 has yet to cover, the next step's included, the heads
+        catch up later, in one pass over all those positions, when the sequence drafts again or the ring
+        would drop a row they need. Steps without drafts then run no head pass at all (a pass is a whole
+        Inkling block a depth: at batch 32 they made such steps cost twice a plain one)."""
+        if w.num_drafts or not w.seq.head_computed:
+            return False
+        return w.computed + self.draft_stride + 1 - w.seq.head_computed[0] <= self.ring_len[0]
 
     def _head_pass(self, m: int, args: list, drafting: bool) -> torch.Tensor:
         """Head m over `args` (`_head_args`): its rows [T, H]. A drafting pass also fills the ids that stand
@@ -382,23 +432,25 @@ class Drafter:
                 self._ring_write(level, *w)
             return
         parts, dst = [], []
+        n = self.ring_len[level]
         for slot, start, rows in writes:
-            keep = min(rows.shape[0], HIDDEN_RING)
+            keep = min(rows.shape[0], n)
             end = start + rows.shape[0]
             parts.append(rows[-keep:])
-            dst.append(slot * HIDDEN_RING + np.arange(end - keep, end) % HIDDEN_RING)
+            dst.append(slot * n + np.arange(end - keep, end) % n)
             self.ring_end[level][slot] = end
         index = to_device(torch.from_numpy(np.concatenate(dst)), self.device)
         ring = self.hidden_ring[level]
         ring.view(-1, ring.shape[-1]).index_copy_(0, index, torch.cat(parts).to(ring.dtype))
 
     def _ring_write(self, level: int, slot: int, start: int, rows: torch.Tensor | None) -> None:
-        """Keep the last HIDDEN_RING rows of h^level for positions start.. (older ones drop out)."""
+        """Keep the last ring_len[level] rows of h^level for positions start.. (older ones drop out)."""
         if rows is None or rows.shape[0] == 0:
             return
-        keep = min(rows.shape[0], HIDDEN_RING)
+        n = self.ring_len[level]
+        keep = min(rows.shape[0], n)
         end = start + rows.shape[0]
-        for (a, b), part in zip(_ring_spans(end - keep, end), _split_at(rows[-keep:], end - keep)):
+        for (a, b), part in zip(_ring_spans(end - keep, end, n), _split_at(rows[-keep:], end - keep, n)):
             self.rings[level][slot][a:b].copy_(part)
         self.ring_end[level][slot] = end
 
@@ -410,28 +462,29 @@ class Drafter:
         split = min(max(start, fresh_start), end) if fresh_rows is not None else end
         parts = []
         if split > start:
-            ring_end = self.ring_end[level][slot]
-            if start < ring_end - HIDDEN_RING or split > ring_end:
+            ring_end, n = self.ring_end[level][slot], self.ring_len[level]
+            if start < ring_end - n or split > ring_end:
                 raise RuntimeError(
-                    f"MTP hidden ring of level {level} holds positions [{ring_end - HIDDEN_RING}, {ring_end}), "
+                    f"MTP hidden ring of level {level} holds positions [{ring_end - n}, {ring_end}), "
                     f"head needs [{start}, {split})"
                 )
             ring = self.rings[level][slot]
-            parts += [ring[a:b] for a, b in _ring_spans(start, split)]
+            parts += [ring[a:b] for a, b in _ring_spans(start, split, n)]
         if end > split:
             parts.append(fresh_rows[split - fresh_start : end - fresh_start])
         return parts
 
 
-def _ring_spans(start: int, end: int) -> list[tuple[int, int]]:
-    """The ring rows of positions [start, end) (at most HIDDEN_RING of them) as one or two slices."""
-    a, n = start % HIDDEN_RING, end - start
-    if a + n <= HIDDEN_RING:
+def _ring_spans(start: int, end: int, size: int = HIDDEN_RING) -> list[tuple[int, int]]:
+    """The rows of a ring of `size` that hold positions [start, end) (at most `size` of them) as one or two
+    slices."""
+    a, n = start % size, end - start
+    if a + n <= size:
         return [(a, a + n)]
-    return [(a, HIDDEN_RING), (0, a + n - HIDDEN_RING)]
+    return [(a, size), (0, a + n - size)]
 
 
-def _split_at(rows: torch.Tensor, start: int) -> list[torch.Tensor]:
-    """rows of positions start.. split where the ring wraps (as _ring_spans)."""
-    first = HIDDEN_RING - start % HIDDEN_RING
+def _split_at(rows: torch.Tensor, start: int, size: int = HIDDEN_RING) -> list[torch.Tensor]:
+    """rows of positions start.. split where a ring of `size` wraps (as _ring_spans)."""
+    first = size - start % size
     return [rows] if rows.shape[0] <= first else [rows[:first], rows[first:]]

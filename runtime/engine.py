@@ -31,7 +31,7 @@ from .overlap import LaunchedStep, make_picks, successor, takes_pick
 from .params import SamplingParams
 from .prefix_cache import PrefixCache
 from .requests import Admission, PromptInput
-from .sampler import sample
+from .sampler import sample, sample_tokens
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 from .spec_decode import SpeculativeDecoder
@@ -229,6 +229,7 @@ class LLMEngine:
                 if picks is None
                 else {}
             )
+            draws = self._draws(step) if picks is None else {}
         except Exception as e:
             return self._isolate(step.batch, e, "sampling")
         deltas, heads = [], []
@@ -245,6 +246,7 @@ class LLMEngine:
                 delta = None
                 if s.samples:
                     pick = None if picks is None else (picks[b], None if logprobs is None else logprobs[b])
+                    pick = (draws[b], None) if b in draws else pick
                     targets = None if argmaxes is None else argmaxes[rows[b] : rows[b + 1]]
                     delta = self._sample(s, logits[rows[b] : rows[b + 1]], pick, targets, sampled.get(b))
                 if delta is None or delta.finish_reason is None:
@@ -278,6 +280,24 @@ class LLMEngine:
             if s.seq.isolate_until and s.seq.num_computed >= s.seq.isolate_until:
                 s.seq.isolate_until = 0
         return deltas
+
+    def _draws(self, step: LaunchedStep) -> dict[int, int]:
+        """The token of each sequence of a step not overlapped that samples one row, with no drafts to verify
+        and no logprobs asked (batch index -> token), drawn for all of them at once: sampler.sample_tokens,
+        the draws row-by-row sampling makes from each request's generator, one filter and softmax a group
+        of params, one read. (A step whose sequences want MTP is never overlapped: without this its rows
+        were drawn one softmax over the vocabulary at a time.)"""
+        rows = [
+            b
+            for b, s in enumerate(step.batch)
+            if s.samples and not s.num_drafts and not s.seq.finished and s.seq.params.logprobs is None
+        ]
+        if len(rows) < 2:
+            return {}
+        seqs = [step.batch[b].seq for b in rows]
+        logits = step.logits[[step.rows[b] for b in rows], : self.num_real_tokens]
+        generators = [self.requests[seq.request_id].generator for seq in seqs]
+        return dict(zip(rows, sample_tokens(logits, [seq.params for seq in seqs], generators).tolist()))
 
     def _sample(
         self,

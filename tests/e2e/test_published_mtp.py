@@ -20,6 +20,7 @@ from inkling.published.ops import bank_attention, deinterleave, residual_sconv, 
 from inkling.published.synth import write_checkpoint
 from runtime import LLMEngine, PromptInput, SamplingParams
 from runtime.device_state import MAX_SNAPSHOTS
+from runtime.drafter import TRUNK_RING
 
 from ..hooks import Oracle, kv_rows, override_drafts
 from .test_runtime import run_all
@@ -256,7 +257,7 @@ def test_states_after_accepts_and_rejects_equal_fresh_recomputation(engine, refe
         for m in range(1, min(params.num_draft_tokens, c.num_mtp_heads - 1) + 1):
             with torch.no_grad():
                 h = reference.depths[m - 1](h[: L - m], embeds[m:L])
-            ring = runner.drafter.hidden_ring[m, seq.slot]
+            ring = runner.drafter.hidden_ring[m][seq.slot]
             for t in range(max(0, L - m - 8), L - m):
                 torch.testing.assert_close(ring[t % len(ring)], h[t], rtol=1e-4, atol=1e-4)
 
@@ -466,3 +467,49 @@ def test_drafts_stop_where_rounds_do_not_pay(engine, monkeypatch, pays):
         assert explored == [3, 3, 3, 2, 2, 1, 1], drafted
     seconds = eng.spec.round_costs.seconds
     assert seconds[(4, 0)] == 1.0 and seconds[(4, 3)] == pytest.approx(1.3 if pays else 7)
+
+
+@pytest.mark.parametrize("drafts_again", [True, False])
+def test_heads_left_behind_catch_up_to_the_same_states(engine, drafts_again):
+    """Rounds that draft nothing leave the heads behind (Drafter.stays_behind): no head pass runs until the
+    sequence drafts again (here from its 20th decode step on) or the trunk's ring would drop a row they
+    need; then one pass covers every position. The heads' KV rows, sconv states and drafts equal those of
+    an engine whose heads kept up every step."""
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g) for n in (5, 20)]
+
+    def run_steps(keep_up: bool):
+        eng = LLMEngine(engine)
+        drafter = eng.runner.drafter
+        if keep_up:
+            drafter.stays_behind = lambda w: False
+        eng.spec.draft_policy = lambda stats, requested: (
+            requested if drafts_again and stats.steps >= 20 else 0
+        )
+        passes, head_pass = [], drafter._head_pass
+        drafter._head_pass = lambda m, args, drafting: passes.append(m) or head_pass(m, args, drafting)
+        for i, ids in enumerate(prompts):
+            eng.add_request(
+                f"r{i}", PromptInput(ids), SamplingParams(max_tokens=70, ignore_eos=True, num_draft_tokens=3)
+            )
+        for _ in range(60):
+            eng.step()
+        return eng, [eng.requests[f"r{i}"].seq for i in range(2)], passes
+
+    behind, seqs, few = run_steps(keep_up=False)
+    current, kept, every = run_steps(keep_up=True)
+    assert [s.output_ids for s in seqs] == [s.output_ids for s in kept]
+    # the first 20 rounds' passes saved where drafting resumes; all but a catch-up when the ring fills if not
+    saved = len(every) - len(few) >= 3 * 18 if drafts_again else len(few) < len(every) / 4
+    assert few and saved, (len(few), len(every))
+    for seq, ref in zip(seqs, kept):
+        if drafts_again:
+            assert seq.drafts == ref.drafts and seq.head_computed == ref.head_computed
+        assert seq.head_computed[0] >= len(seq) - TRUNK_RING  # caught up, drafting or not, within the ring
+        for d, n in enumerate(seq.head_computed):
+            for a, b in zip(kv_rows(behind.runner, seq, d, range(n), True),
+                            kv_rows(current.runner, ref, d, range(n), True)):  # fmt: skip
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            if drafts_again:
+                for a, b in zip(behind.runner.head_conv_states[d], current.runner.head_conv_states[d]):
+                    torch.testing.assert_close(a[seq.slot], b[ref.slot], rtol=1e-5, atol=1e-5)

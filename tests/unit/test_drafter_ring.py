@@ -1,25 +1,29 @@
 """The MTP hidden-state ring's slices (runtime/drafter.py): writing and reading positions by one or two
-slices equals indexing rows by position % HIDDEN_RING."""
+slices equals indexing rows by position modulo the ring's size."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from runtime.drafter import HIDDEN_RING, _ring_spans, _split_at
+from runtime.drafter import HIDDEN_RING, TRUNK_RING, _ring_spans, _split_at
 
 
-def test_ring_slices_equal_modulo_indexing():
+@pytest.mark.parametrize("size", [HIDDEN_RING, TRUNK_RING])
+def test_ring_slices_equal_modulo_indexing(size):
     g = torch.Generator().manual_seed(0)
-    for start in range(0, 3 * HIDDEN_RING):
-        for n in range(1, HIDDEN_RING + 1):
+    for start in range(0, 3 * size, 1 if size == HIDDEN_RING else 5):
+        for n in range(1, size + 1):
             rows = torch.randn(n, 3, generator=g)
-            by_index = torch.zeros(HIDDEN_RING, 3)
-            by_index[torch.arange(start, start + n) % HIDDEN_RING] = rows
-            by_slice = torch.zeros(HIDDEN_RING, 3)
-            for (a, b), part in zip(_ring_spans(start, start + n), _split_at(rows, start), strict=True):
+            by_index = torch.zeros(size, 3)
+            by_index[torch.arange(start, start + n) % size] = rows
+            by_slice = torch.zeros(size, 3)
+            for (a, b), part in zip(
+                _ring_spans(start, start + n, size), _split_at(rows, start, size), strict=True
+            ):
                 by_slice[a:b] = part
             assert torch.equal(by_slice, by_index), (start, n)
-            read = torch.cat([by_slice[a:b] for a, b in _ring_spans(start, start + n)])
+            read = torch.cat([by_slice[a:b] for a, b in _ring_spans(start, start + n, size)])
             assert torch.equal(read, rows), (start, n)
 
 
@@ -32,8 +36,9 @@ def test_a_rounds_ring_writes_at_once_equal_one_by_one():
     def drafter() -> Drafter:
         d = Drafter.__new__(Drafter)
         d.device = torch.device("cpu")
-        d.hidden_ring = torch.zeros(2, 5, HIDDEN_RING, 3)
-        d.rings = [list(d.hidden_ring[level].unbind(0)) for level in range(2)]
+        d.ring_len = [TRUNK_RING, HIDDEN_RING]  # the trunk's level is deeper
+        d.hidden_ring = [torch.zeros(5, n, 3) for n in d.ring_len]
+        d.rings = [list(ring.unbind(0)) for ring in d.hidden_ring]
         d.ring_end = [[0] * 5 for _ in range(2)]
         return d
 
@@ -49,6 +54,29 @@ def test_a_rounds_ring_writes_at_once_equal_one_by_one():
         at_once._ring_write_many(level % 2, writes)
         for w in writes:
             one_by_one._ring_write(level % 2, *w)
-    assert torch.equal(at_once.hidden_ring, one_by_one.hidden_ring)
+    assert all(torch.equal(a, b) for a, b in zip(at_once.hidden_ring, one_by_one.hidden_ring))
     assert at_once.ring_end == one_by_one.ring_end
-    assert one_by_one.hidden_ring.abs().sum() > 0
+    assert all(ring.abs().sum() > 0 for ring in one_by_one.hidden_ring)
+
+
+def test_a_heads_passes_stay_within_the_programs_bound():
+    """A catch-up over many positions (Drafter.stays_behind) is cut into passes of at most max_num_tokens, an
+    item's pieces in order and in different passes, every position once."""
+    from runtime.drafter import Drafter
+
+    d = Drafter.__new__(Drafter)
+    d.max_pass_tokens = 48
+    spans = {0: (10, 70), 2: (5, 6), 3: (0, 100), 5: (40, 41)}
+    passes = d._passes(spans)
+    assert passes[0] == [(0, 10, 58)] and passes[1] == [(0, 58, 70), (2, 5, 6), (3, 0, 35)]
+    covered = {i: [] for i in spans}
+    for items in passes:
+        assert sum(end - start for _, start, end in items) <= 48
+        assert len({i for i, _, _ in items}) == len(items)
+        for i, start, end in items:
+            covered[i].append((start, end))
+    for i, (start, end) in spans.items():
+        pieces = covered[i]
+        assert pieces[0][0] == start and pieces[-1][1] == end
+        assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+    assert d._passes({1: (3, 4), 4: (7, 9)}) == [[(1, 3, 4), (4, 7, 9)]]  # a decode round: one pass
