@@ -217,7 +217,9 @@ class Drafter:
             )
         num_drafts = [0] * len(work)  # drafts made so far, per work item
         fresh = [(w.fresh_start, w.fresh_rows) for w in work]  # level m-1: first position, rows
-        self._ring_write_many(0, [(w.seq.slot, w.fresh_start, w.fresh_rows) for w in work])
+        # Level m's rows go into its ring once head m + 1 has read the older ones it needs: a write of many
+        # rows (a prefill chunk, a catch-up) would drop them.
+        unwritten, level = [(w.seq.slot, w.fresh_start, w.fresh_rows) for w in work], 0
         behind = [self.stays_behind(w) for w in work]
         for m in range(1, max((w.num_heads for w in work), default=0) + 1):
             spans = {}
@@ -240,17 +242,17 @@ class Drafter:
                 out = self._head_pass(m, args, bool(drafting))
                 for j in drafting:
                     num_drafts[items[j][0]] += 1
-                writes = []
-                for j, (i, start, end) in enumerate(items):
+                for j, (i, _, end) in enumerate(items):
                     rows_m = out[int(cu[j]) : int(cu[j + 1])]
                     # a graph's output rows live until head m's next replay: copied where it replays again
                     parts[i].append(rows_m if len(passes) == 1 else rows_m.clone())
-                    writes.append((work[i].seq.slot, start, rows_m))
                     work[i].seq.head_computed[m - 1] = end
-                if m < self.num_heads:
-                    self._ring_write_many(m, writes)
+            self._ring_write_many(m - 1, unwritten)
             for i, rows in parts.items():  # level m's rows of this round, for head m + 1
                 fresh[i] = (spans[i][0], rows[0] if len(rows) == 1 else torch.cat(rows))
+            unwritten = [(work[i].seq.slot, *fresh[i]) for i in parts] if m < self.num_heads else []
+            level = m
+        self._ring_write_many(level, unwritten)  # the last level run, or level 0 where no head ran
         if not any(num_drafts):
             return [[] for _ in work]
         drafts = self.drafted[: len(work) * self.draft_stride].view(len(work), -1)
@@ -287,7 +289,7 @@ class Drafter:
         Inkling block a depth: at batch 32 they made such steps cost twice a plain one)."""
         if w.num_drafts or not w.seq.head_computed:
             return False
-        return w.computed + self.draft_stride + 1 - w.seq.head_computed[0] <= self.ring_len[0]
+        return w.computed - w.seq.head_computed[0] <= self.ring_len[0]
 
     def _head_pass(self, m: int, args: list, drafting: bool) -> torch.Tensor:
         """Head m over `args` (`_head_args`): its rows [T, H]. A drafting pass also fills the ids that stand
