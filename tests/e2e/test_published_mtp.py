@@ -473,9 +473,9 @@ def test_drafts_stop_where_rounds_do_not_pay(engine, monkeypatch, pays):
 def test_heads_left_behind_catch_up_to_the_same_states(engine, drafts_again, lengths):
     """Rounds that draft nothing leave the heads behind (Drafter.stays_behind): no head pass runs until the
     sequence drafts again (here from its 20th decode step on) or the trunk's ring would drop a row they
-    need; then passes within the programs' bound cover every position, each level's ring written after the
+    need; then passes of a verify's shape cover every position, each level's ring written after the
     next level has read the older rows it needs. A prompt longer than a step's tokens (60 > 48: chunked
-    prefill) leaves them behind from its first chunk on. The heads' KV rows, sconv states and drafts equal
+    prefill) keeps them current through its chunks. The heads' KV rows, sconv states and drafts equal
     those of an engine whose heads kept up every step."""
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g) for n in lengths]
@@ -500,8 +500,9 @@ def test_heads_left_behind_catch_up_to_the_same_states(engine, drafts_again, len
     behind, seqs, few = run_steps(keep_up=False)
     current, kept, every = run_steps(keep_up=True)
     assert [s.output_ids for s in seqs] == [s.output_ids for s in kept]
-    # the first 20 rounds' passes saved where drafting resumes; all but a catch-up when the ring fills if not
-    saved = len(every) - len(few) >= 3 * 18 if drafts_again else len(few) < len(every) / 4
+    # where drafting resumes, the first 20 rounds' 60 passes saved but for a catch-up's (pieces of 4 positions
+    # each head); where it does not, all but the catch-ups when the ring fills
+    saved = len(every) - len(few) >= 3 * 12 if drafts_again else len(few) < len(every) / 3
     assert few and saved, (len(few), len(every))
     for seq, ref in zip(seqs, kept):
         if drafts_again:

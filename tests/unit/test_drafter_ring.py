@@ -80,3 +80,7 @@ def test_a_heads_passes_stay_within_the_programs_bound():
         assert pieces[0][0] == start and pieces[-1][1] == end
         assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
     assert d._passes({1: (3, 4), 4: (7, 9)}) == [[(1, 3, 4), (4, 7, 9)]]  # a decode round: one pass
+    # items catching up go in pieces of a verify's positions (draft_stride + 1), the others whole
+    d.draft_stride = 3
+    passes = d._passes({0: (0, 10), 1: (5, 30)}, catching_up={0})
+    assert passes == [[(0, 0, 4), (1, 5, 30)], [(0, 4, 8)], [(0, 8, 10)]]
