@@ -10,7 +10,6 @@
 #     bash bench/gpu_session.sh attention     # 1 GPU: bench/attention.py over every workload, peers included
 #     bash bench/gpu_session.sh moe           # 1 GPU: the MoE decode kernels' GPU tests, each tune() candidate
 #                                             #   timed at T = 1 and 8, then e2e batches 1 and 8
-#     bash bench/gpu_session.sh mtp           # 1 GPU: bench.mtp, the MTP step's components with CUDA graphs
 #     bash bench/gpu_session.sh serving       # 1 GPU: Triton and the OpenAI API against in-process on the real
 #                                             #   Inkling's tiny engine; needs .carry/ (bash bench/make_carry.sh on
 #                                             #   the CPU, then the call's carry [".carry"])
@@ -218,9 +217,6 @@ moe)
     run e2e 230 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
         --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
     pack moe
-    ;;
-mtp)
-    run mtp 420 python3 -m bench.mtp --device cuda --cuda_graphs --out "$OUT/mtp"
     ;;
 serving)
     serving_bench 480 --tune false  # Triton and the OpenAI API vs in-process on an untuned tiny engine

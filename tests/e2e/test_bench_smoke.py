@@ -75,36 +75,6 @@ def test_tp_benchmark_smoke(tmp_path):
     assert not (tmp_path / "engines" / "tp2").exists()  # removed after the run
 
 
-def test_mtp_benchmark_smoke(tmp_path):
-    """bench.mtp on the CPU at inkling-tiny: it replays the runtime's step and head programs with their
-    recorded inputs, so it breaks whenever their signatures change (as the GPU run would)."""
-    from bench.mtp import main as mtp_main
-
-    argv = [
-        "--preset",
-        "inkling-tiny",
-        "--device",
-        "cpu",
-        "--context",
-        "48",
-        "--repeats",
-        "1",
-        "--draft_vocab_size",
-        "64",
-        "--profile",
-        "--cuda_graphs",
-        "--out",
-        str(tmp_path),
-    ]
-    assert mtp_main(argv) == 0
-    r = json.loads((tmp_path / "mtp.json").read_text())
-    assert set(r["verify"]) == {"0", "1", "3", "8"} and r["head"]["seconds"] > 0
-    # --cuda_graphs on the CPU: the recorded inputs staged into the graphs' buckets and run padded
-    assert all(v["graphed_seconds"] > 0 for v in r["verify"].values()) and r["head"]["graphed_seconds"] > 0
-    assert r["head"]["draft_rows"] == 64 and r["head"]["full_vocab_draft_seconds"] > 0
-    assert "head pass" in (tmp_path / "profile_head.txt").read_text()
-
-
 def test_load_benchmark_smoke(engine_f32, tmp_path):
     """bench.load in fresh processes, eager modes (the compile modes take a minute each on the CPU): the
     same tokens from a cold and a warm start, and its table."""
