@@ -265,27 +265,30 @@ class Drafter:
     def _passes(
         self, spans: dict[int, tuple[int, int]], catching_up: set[int] = frozenset()
     ) -> list[list[tuple[int, int, int]]]:
-        """A head's passes over the positions [start, end) of each work item (`spans`), in order: each pass
-        within the head programs' max_num_tokens, at most one piece of an item in a pass (its sconv state
-        moves through the positions in order), an item's later pieces in later passes. The items
-        `catching_up` (`stays_behind`) go in pieces of at most a verify's positions (max_draft_len + 1): the
-        shapes an MTP round runs, whose graphs and kernels are made already; a pass of a new shape may
-        compile kernels or capture a graph for seconds (as measured on the H200). One pass otherwise."""
-        left = dict(spans)
+        """A head's passes over the positions [start, end) of each work item (`spans`): each pass within the
+        head programs' max_num_tokens, at most one piece of an item in a pass (its sconv state moves through
+        the positions in order), an item's later pieces in later passes. The items `catching_up`
+        (`stays_behind`) go in pieces of a verify's positions (max_draft_len + 1, counted back from the end,
+        so the last piece holds every position that reads a draft): the shapes an MTP round runs, whose
+        graphs and kernels are made already; a pass of a new shape may compile kernels or capture a graph
+        for seconds (as measured on the H200). One pass otherwise."""
+        budget, size = self.max_pass_tokens, self.draft_stride + 1
+        pieces = {}
+        for i, (start, end) in spans.items():
+            step = size if i in catching_up else budget
+            cuts = [start, *range(end - (end - start - 1) // step * step, end, step), end]
+            pieces[i] = [(i, a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
         passes = []
-        while left:
-            items, budget = [], self.max_pass_tokens
-            for i, (start, end) in list(left.items()):
-                if budget == 0:
-                    break
-                piece = budget if i not in catching_up else min(budget, self.draft_stride + 1)
-                stop = min(end, start + piece)
-                items.append((i, start, stop))
-                budget -= stop - start
-                if stop == end:
-                    del left[i]
-                else:
-                    left[i] = (stop, end)
+        while pieces:
+            items, left = [], budget
+            for i in list(pieces):
+                _, a, b = pieces[i][0]
+                if b - a > left:
+                    continue
+                items.append(pieces[i].pop(0))
+                left -= b - a
+                if not pieces[i]:
+                    del pieces[i]
             passes.append(items)
         return passes
 

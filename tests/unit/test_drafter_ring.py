@@ -65,10 +65,10 @@ def test_a_heads_passes_stay_within_the_programs_bound():
     from runtime.drafter import Drafter
 
     d = Drafter.__new__(Drafter)
-    d.max_pass_tokens = 48
+    d.max_pass_tokens, d.draft_stride = 48, 3
     spans = {0: (10, 70), 2: (5, 6), 3: (0, 100), 5: (40, 41)}
     passes = d._passes(spans)
-    assert passes[0] == [(0, 10, 58)] and passes[1] == [(0, 58, 70), (2, 5, 6), (3, 0, 35)]
+    assert passes[0] == [(0, 10, 22), (2, 5, 6), (3, 0, 4), (5, 40, 41)] and passes[1] == [(0, 22, 70)]
     covered = {i: [] for i in spans}
     for items in passes:
         assert sum(end - start for _, start, end in items) <= 48
@@ -80,7 +80,13 @@ def test_a_heads_passes_stay_within_the_programs_bound():
         assert pieces[0][0] == start and pieces[-1][1] == end
         assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
     assert d._passes({1: (3, 4), 4: (7, 9)}) == [[(1, 3, 4), (4, 7, 9)]]  # a decode round: one pass
-    # items catching up go in pieces of a verify's positions (draft_stride + 1), the others whole
-    d.draft_stride = 3
-    passes = d._passes({0: (0, 10), 1: (5, 30)}, catching_up={0})
-    assert passes == [[(0, 0, 4), (1, 5, 30)], [(0, 4, 8)], [(0, 8, 10)]]
+    # items catching up go in pieces of a verify's positions (draft_stride + 1) counted from the end, so the
+    # last piece holds the positions that read drafts (the last max_draft_len - 1 of a deep head); the others
+    # whole
+    assert d._passes({0: (0, 10), 1: (5, 30)}, catching_up={0}) == [
+        [(0, 0, 2), (1, 5, 30)],
+        [(0, 2, 6)],
+        [(0, 6, 10)],
+    ]
+    assert d._passes({0: (0, 9)}, catching_up={0}) == [[(0, 0, 1)], [(0, 1, 5)], [(0, 5, 9)]]
+    assert d._passes({0: (7, 9)}, catching_up={0}) == [[(0, 7, 9)]]
