@@ -64,5 +64,7 @@ def test_host_work_per_decode_step_does_not_grow_from_4k_to_256k(long_engine):
     short_s, short_ops = decode_host_work(engine, 4096, "short")
     long_s, long_ops = decode_host_work(engine, LONG, "long")
     assert long_ops == short_ops  # the same operators, whatever the context
-    # A walk over the tables (16,384 blocks a group at 256K) costs milliseconds; a step here is ~0.5 ms.
-    assert long_s < 1.3 * short_s + 100e-6, (short_s, long_s)
+    # A walk over the tables (16,384 blocks a group at 256K) costs milliseconds; a step here is ~0.5 ms. The
+    # slack is for a loaded 2-core machine (make test once measured 0.46 against 0.74 ms with the suite's
+    # engine process beside it; alone, both about 0.5 ms).
+    assert long_s < 1.5 * short_s + 300e-6, (short_s, long_s)
