@@ -30,8 +30,8 @@ from .step_graphs import on_device, to_device
 INPUT_IDS = HEAD.index("input_ids")
 HIDDEN_RING = 16  # positions of h^1..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
 # Positions of h^0 (the trunk's rows) kept per sequence: deep enough that a round drafting nothing can leave
-# the heads behind (`run`: they catch up, in one pass over many positions, when a sequence drafts again or
-# its h^0 rows would otherwise leave the ring), so steps without drafts cost no head passes.
+# the heads behind (`Drafter.stays_behind`: they catch up, in verify-shaped passes, when a sequence drafts
+# again or its h^0 rows would otherwise leave the ring), so steps without drafts cost no head passes.
 TRUNK_RING = 64
 
 

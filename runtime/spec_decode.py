@@ -193,25 +193,24 @@ class SpeculativeDecoder:
         feeds known tokens), at most the round's cap from its measured costs (`round_costs`). batch: the
         step's sequences where it fed each its one token and its drafts (a round, whose time RoundCosts
         measures), else None."""
-        wants = []
+        requests, wants = [], []  # heads a sequence's drafts may use; (acceptance EMAs, drafts it would make)
         for state, _, _, _ in heads:
             seq = state.seq
             self.settle_heads(seq)
+            requested = min(seq.params.num_draft_tokens, self.runner.num_heads)
             num_drafts = 0
             if not seq.is_prefill:  # the next step feeds one token: draft behind it
-                requested = min(seq.params.num_draft_tokens, self.runner.num_heads)
                 remaining = seq.params.max_tokens - len(seq.output_ids) - 1
                 num_drafts = max(
                     0, min(self.draft_policy(state.acceptance, requested), remaining, self.max_draft_len)
                 )
+            requests.append(requested)
             wants.append((state.acceptance.ema, num_drafts))
-        costs = self.round_costs
-        cap = self.max_draft_len if costs is None else costs.cap(wants, batch or len(wants))
-        work = []
-        for (state, rows, start, offset), (_, num_drafts) in zip(heads, wants):
-            seq = state.seq
-            requested = min(seq.params.num_draft_tokens, self.runner.num_heads)
-            work.append(HeadWork(seq, seq.num_computed, start, rows, requested, min(num_drafts, cap), offset))
+        cap = self.max_draft_len if self.round_costs is None else self.round_costs.cap(wants, batch)
+        work = [
+            HeadWork(state.seq, state.seq.num_computed, start, rows, requested, min(num_drafts, cap), offset)
+            for (state, rows, start, offset), requested, (_, num_drafts) in zip(heads, requests, wants)
+        ]
         drafts = self.runner.run_heads(work)
         for w, d in zip(work, drafts):
             if d:

@@ -255,12 +255,13 @@ class RoundCosts:
     verifies (k + 1) tokens a sequence, whose routed experts differ, and runs k depths, so at a large
     batch (or with little acceptance) it can cost more than the extra tokens are worth.
 
-    Seconds are EMAs of measured rounds per (batch bucket, drafts), restarted by a revisit. A round is measured only when the round
-    before it was a decode round of the same batch size and drafts: the first round after a change (a new
-    cap, a prefill, a new sequence, a graph capture) carries work of the other kind. A number of drafts not
-    yet measured at a bucket is tried before any choice; every `revisit` measured rounds of a bucket the one
-    measured least recently is tried again, so costs that move (longer contexts, other traffic) are seen and
-    the sequences' acceptance EMAs keep being fed while drafting is off."""
+    Seconds are EMAs of measured rounds per (batch bucket, drafts), restarted by a revisit. A round is
+    measured only when the round before it was a decode round of the same batch size and drafts: the first
+    round after a change (a new cap, a prefill, a new sequence, a graph capture) carries work of the other
+    kind. A number of drafts not yet measured at a bucket is tried before any choice; every `revisit`
+    measured rounds of a bucket the one measured least recently is tried again, so costs that move (longer
+    contexts, other traffic) are seen and the sequences' acceptance EMAs keep being fed while drafting is
+    off."""
 
     alpha: float = 0.25
     revisit: int = 256
