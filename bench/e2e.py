@@ -41,13 +41,13 @@ import time
 import torch
 
 from builder import BuildConfig, PluginConfig
+from builder.build import build_from_tensors
 from builder.profiles import BuildLog
-from builder.published_build import build_published_tensors
 from inkling.published.config import preset
 from inkling.published.synth import iter_tensors
 from runtime import LLM, PromptInput, SamplingParams
 
-from .bound import real_decode_batch_seconds, real_decode_step_bytes, real_prefill_flops
+from .bound import decode_batch_seconds, decode_step_bytes, prefill_flops
 from .profiling import write_profile
 
 DEFAULT_BATCHES = "1,8,32,64"  # the decode batches: batch 1, then throughput at 8, 32 and 64 (issue 12)
@@ -184,16 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         "batches": [int(b) for b in args.batches.split(",")],
     }
     kv_len = args.prompt_len + args.output_len // 2  # a decode step's context, midway through the output
-    bound = real_decode_step_bytes(config, kv_len)
+    bound = decode_step_bytes(config, kv_len)
     results["bound"] = {
         "decode_bytes_per_step": bound.total,
         "decode_step_s": bound.seconds,
         "tokens_per_s_per_user": 1 / bound.seconds,
-        "prefill_s": real_prefill_flops(config, args.prompt_len) / 790e12,
-        # per batch size: a decode step of that many distinct sequences (bound.real_decode_batch_seconds)
-        "decode_batch_step_s": {
-            str(b): real_decode_batch_seconds(config, kv_len, b) for b in results["batches"]
-        },
+        "prefill_s": prefill_flops(config, args.prompt_len) / 790e12,
+        # per batch size: a decode step of that many distinct sequences (bound.decode_batch_seconds)
+        "decode_batch_step_s": {str(b): decode_batch_seconds(config, kv_len, b) for b in results["batches"]},
     }
 
     def save() -> None:  # after each phase: a run cut short keeps what it measured
@@ -370,7 +368,7 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
     vocab = list(range(args.draft_vocab_size)) if args.draft_vocab_size else None
     results["draft_vocab_size"] = args.draft_vocab_size or None
     engine, results["build_s"] = timed(
-        lambda: build_published_tensors(config, tensors, bc, log, draft_vocab=vocab)
+        lambda: build_from_tensors(config, tensors, bc, log, draft_vocab=vocab)
     )
     if args.compile:
         # What `--compile` at build gives a runtime, without build's compile step: that would warm a second
@@ -466,7 +464,7 @@ def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
     b = r["bound"]
     lines = [
         f"Command: `{r['command']}`; device {r['device']}; date {r['date']}; preset {r['preset']} "
-        f"({r.get('model', 'the earlier, invented model')}); "
+        f"({r['model']}); "
         + (f"build in memory {r['build_s']:.1f} s; " if "build_s" in r else "")
         + f"CUDA graphs {'on' if r.get('cuda_graphs') else 'off'}; "
         f"torch.compile {'on' if r.get('compile') else 'off'}; MTP drafts per step {r.get('num_draft_tokens', 0)}; "

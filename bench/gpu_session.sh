@@ -1,15 +1,14 @@
 #!/bin/bash
 # The GPU host's checks and benchmarks, each sized for one device call of at most ten minutes.
 #
-#     bash bench/gpu_session.sh engine-tests  # 1 GPU: the engine GPU tests (CUDA graphs, overlap, MTP, compile)
+#     bash bench/gpu_session.sh engine-tests  # 1 GPU: the engine's GPU tests (tests/gpu, the gpu-marked unit
+#                                             #   tests; carry [".whl"])
 #     bash bench/gpu_session.sh kernel-tests  # 1 GPU: the kernels' GPU tests (attention, MoE, sconv, MTP pick)
 #     bash bench/gpu_session.sh bench-decode  # 1 GPU: make bench's first part (TTFT, decode batches 1..64);
 #     bash bench/gpu_session.sh bench-mtp     #   then its MTP part and the reference peers; merge on the CPU:
 #     bash bench/gpu_session.sh bench-peers   #   python -m bench.e2e --merge --out DIR
 #     bash bench/gpu_session.sh profile       # 1 GPU: a profile of the batch-1 decode step by kernel
 #     bash bench/gpu_session.sh attention     # 1 GPU: bench/attention.py over every workload, peers included
-#     bash bench/gpu_session.sh moe           # 1 GPU: the MoE decode kernels' GPU tests, each tune() candidate
-#                                             #   timed at T = 1 and 8, then e2e batches 1 and 8
 #     bash bench/gpu_session.sh serving       # 1 GPU: Triton and the OpenAI API against in-process on the real
 #                                             #   Inkling's tiny engine; needs .carry/ (bash bench/make_carry.sh on
 #                                             #   the CPU, then the call's carry [".carry"])
@@ -61,7 +60,7 @@ pack() {  # pack NAME: everything under $OUT as one tarball (the device tool bri
 tiny_engine() {  # tiny_engine DIR [builder flags...]: the synthetic NVFP4 tiny checkpoint, built for CUDA
     local dir=$1
     shift
-    [ -d /tmp/ck-tiny ] || python3 -m inkling.synth --preset inkling-tiny --nvfp4 --out /tmp/ck-tiny >/dev/null
+    [ -d /tmp/ck-tiny ] || python3 -m inkling.published.synth --preset inkling-tiny --nvfp4 --out /tmp/ck-tiny >/dev/null
     python3 -m builder --checkpoint_dir /tmp/ck-tiny --output_dir "$dir" --device cuda --dtype bfloat16 \
         --force "$@" >"$OUT/build_$(basename "$dir").log" 2>&1
 }
@@ -160,7 +159,8 @@ train-published)
     pack train-published
     ;;
 engine-tests)
-    run engine_gpu 560 "${PYTEST[@]}" tests/gpu/test_engine_gpu.py
+    with_transformers  # carry [".whl"]: the CUDA engine is checked against transformers
+    run engine_gpu 560 "${PYTEST[@]}" -m gpu tests/gpu tests/unit
     pack engine-tests
     ;;
 kernel-tests)
@@ -206,20 +206,13 @@ sampler)
     ;;
 profile)
     run e2e 400 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 64 \
-        --batches 1 --decode_budget_s 4 --profile_batch 1 --tune_max_tokens 16 --reference_peers "" --out "$OUT/e2e"
+        --batches 1 --decode_budget_s 4 --profile_batch 1 --tune_max_tokens 16 --out "$OUT/e2e"
     pack profile
     ;;
 attention)
     # One process a workload, each its share of the budget
     run attn_all 580 python3 bench/attention.py --budget-s 520 --out "$OUT/attn"
     pack attention
-    ;;
-moe)
-    run moe_test 160 "${PYTEST[@]}" tests/kernels/test_moe.py -m gpu -k "decode_kernels or cuda_graph or float32"
-    run moe_decode 170 python3 bench/moe.py --decode-kernels 1,8 --out "$OUT/moe"
-    run e2e 230 python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --compile --output_len 512 \
-        --batches 1,8 --decode_budget_s 15 --profile_batch 1 --reference_peers "" --out "$OUT/e2e"
-    pack moe
     ;;
 serving)
     serving_bench 480 --tune false  # Triton and the OpenAI API vs in-process on an untuned tiny engine

@@ -34,13 +34,13 @@ import time
 import torch
 
 from builder import BuildConfig, PluginConfig
+from builder.build import build_from_tensors
 from builder.profiles import BuildLog
-from builder.published_build import build_published_tensors
 from inkling.published.config import preset
 from inkling.published.synth import iter_tensors
 from runtime import LLM, PromptInput, SamplingParams
 
-from .bound import BANDWIDTH, real_decode_batch_seconds, real_decode_step_bytes, real_prefill_flops
+from .bound import BANDWIDTH, decode_batch_seconds, decode_step_bytes, prefill_flops
 from .e2e import random_prompt, timed
 from .profiling import write_profile
 
@@ -103,8 +103,8 @@ def one_context(drv: Driver, config, ctx: int, args, seed: int) -> dict:
     itl = spread(drv.gaps("long"))
     ttft = drv.ttft("long")
     drv.abort()
-    step_bound = real_decode_step_bytes(config, ctx)
-    prefill_bound = real_prefill_flops(config, ctx) / FLOPS
+    step_bound = decode_step_bytes(config, ctx)
+    prefill_bound = prefill_flops(config, ctx) / FLOPS
     return {
         "context": ctx,
         "ttft_s": ttft,
@@ -149,9 +149,9 @@ def users(drv: Driver, config, ctx: int, n: int, args, seed: int) -> dict:
         "context": ctx,
         "users": n,
         "ttft_s": [drv.ttft(r) for r in rids],
-        "ttft_bound_s": n * real_prefill_flops(config, ctx) / FLOPS,
+        "ttft_bound_s": n * prefill_flops(config, ctx) / FLOPS,
         "itl_s": spread(gaps),
-        "itl_bound_s": real_decode_batch_seconds(config, ctx, n),
+        "itl_bound_s": decode_batch_seconds(config, ctx, n),
     }
     out["itl_of_bound"] = out["itl_bound_s"] / out["itl_s"]["median"]
     drv.abort()
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"[bench] synthesizing {args.preset} on {args.device}, building for {longest} tokens", flush=True)
     engine, results["build_s"] = timed(
-        lambda: build_published_tensors(
+        lambda: build_from_tensors(
             config, iter_tensors(config, args.seed, args.device), bc, BuildLog(echo=True)
         )
     )

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 from inkling.published.config import preset
 
-from .bound import BANDWIDTH, BF16, NVFP4, real_expected_distinct_experts
+from .bound import BANDWIDTH, BF16, NVFP4, expected_distinct_experts
 from .projection import H200_BYTES, busiest_share, total_weight_bytes, write
 
 LAYOUTS = ("tp", "attn-tp/ep", "dp/ep")
@@ -79,7 +79,7 @@ def parts_of(c, context: int) -> Parts:
 def layout_step(c, parts: Parts, layout: str, gpus: int, batch: int) -> dict:
     """The busiest GPU's bytes read and bytes sent in one decode step of `batch` users."""
     t, n = c.text, gpus
-    distinct = round(real_expected_distinct_experts(c, batch))
+    distinct = round(expected_distinct_experts(c, batch))
     busiest = busiest_share(distinct, t.n_routed_experts, n) if n > 1 else distinct
     token = parts.hidden * BF16  # one token's hidden state
     all_reduce = 2 * (n - 1) / n * batch * token

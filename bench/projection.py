@@ -33,7 +33,7 @@ import random
 
 from inkling.published.config import preset
 
-from .bound import BANDWIDTH, BF16, NVFP4, real_decode_step_bytes
+from .bound import BANDWIDTH, BF16, NVFP4, decode_step_bytes
 
 H200_BYTES = 141e9
 PEERS = {"vLLM (4x GB200), MTP": 380.0, "TokenSpeed (4x B200), MTP": 354.6, "vLLM, no MTP": 140.0}
@@ -62,7 +62,7 @@ def step_seconds(c, context: int, gpus: int, tokens: int, collective_s: float) -
     """(bytes on the busiest GPU, seconds at the bound) of a trunk step of `tokens` tokens at batch 1."""
     t = c.text
     distinct = distinct_experts(t.num_experts_per_tok, tokens, t.n_routed_experts)
-    one = real_decode_step_bytes(c, context, distinct_experts=distinct)
+    one = decode_step_bytes(c, context, distinct_experts=distinct)
     # The routed experts' bytes apart: one expert of an MoE layer, summed over the layers.
     routed_one = sum(
         3 * t.moe_intermediate_size * t.hidden_size * (NVFP4 if c.experts_quantized(layer) else BF16)
@@ -92,7 +92,7 @@ def depth_bytes(c, context: int, depth: int, draft_rows: int) -> float:
 def total_weight_bytes(c) -> float:
     """The engine's weights: every expert, the trunk, the embedding and unembedding, the 8 depths."""
     t = c.text
-    every = real_decode_step_bytes(c, 0, distinct_experts=t.n_routed_experts)
+    every = decode_step_bytes(c, 0, distinct_experts=t.n_routed_experts)
     depths = sum(depth_bytes(c, 0, d, 0) for d in range(c.mtp.num_layers))
     return every.weights + 2 * t.num_real_tokens * t.hidden_size * BF16 + depths
 

@@ -8,7 +8,7 @@ the engine built from a synthetic inkling-tiny checkpoint runs exactly the full 
 The runner's encoders (runtime/encoder_graphs.py GraphedEncoder around the exported programs) are timed
 against their own programs called eager. Workloads at batch 1: images of 448x448 and 1024x1024 pixels
 (one row per 40x40 patch: 121 and 625 rows), audio of 5 s and 30 s (20 tokens a second). Each is checked
-first (graphed against eager), then timed as bench/encoders.py times: the median over single calls of
+first (graphed against eager), then timed: the median over single calls of
 CUDA-event time from an idle device to the call's last kernel (the host's launches included) and wall
 time to synchronize. Writes towers.json and towers.md to --out.
 """
@@ -19,17 +19,41 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
 
 import torch
 
-from bench.encoders import latency_ms
 from builder import BuildConfig, build
 from inkling.published.config import preset
 from inkling.published.synth import write_checkpoint
 from runtime.model_runner import ModelRunner
+
+WARMUP = 10
+
+
+def latency_ms(fn, x: torch.Tensor, device: torch.device, reps: int) -> tuple[float, float]:
+    """Median (device ms, wall ms) of single calls fn(x), each started on an idle device."""
+    for _ in range(WARMUP):
+        fn(x)
+    gpu, wall = [], []
+    cuda = device.type == "cuda"
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        if cuda:
+            start.record()
+        fn(x)
+        if cuda:
+            end.record()
+            end.synchronize()
+            gpu.append(start.elapsed_time(end))
+        wall.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(gpu or wall), statistics.median(wall)
 
 
 def workloads(image_sides: list[int], audio_seconds: list[float], patch: int) -> list[tuple[str, str, int]]:

@@ -29,13 +29,13 @@ import time
 import torch
 
 from builder import BuildConfig, PluginConfig
+from builder.build import build_from_tensors
 from builder.profiles import BuildLog
-from builder.published_build import build_published_tensors
 from inkling.published.config import preset
 from inkling.published.synth import iter_tensors
 from runtime import LLM
 
-from .bound import real_decode_step_bytes
+from .bound import decode_step_bytes
 from .e2e import decode_run, random_prompt, timed
 
 
@@ -64,7 +64,7 @@ def build_engine(args: argparse.Namespace, config, tp_size: int):
         ),
     )  # fmt: skip
     tensors = iter_tensors(config, args.seed, args.device)
-    return timed(lambda: build_published_tensors(config, tensors, bc, BuildLog(echo=False), has_mtp=False))
+    return timed(lambda: build_from_tensors(config, tensors, bc, BuildLog(echo=False), has_mtp=False))
 
 
 def run(llm: LLM, prompt: torch.Tensor, args: argparse.Namespace) -> tuple[dict, list[int]]:
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     kv_len = args.context + args.tokens // 2
     for n, r in results["runs"].items():
         if "step_s_median" in r:
-            bound = real_decode_step_bytes(config, kv_len, tp_size=n)
+            bound = decode_step_bytes(config, kv_len, tp_size=n)
             r["bound_bytes_per_gpu"] = bound.total
             r["bound_tokens_per_s"] = 1 / bound.seconds
             r["fraction_of_bound"] = bound.seconds / r["step_s_median"]

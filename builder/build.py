@@ -1,9 +1,19 @@
-"""build(checkpoint, build_config) -> Engine: weights into the kernels' layout, programs exported.
+"""build(checkpoint, build_config) -> Engine: a published-layout Inkling checkpoint (BF16 or NVFP4) into
+an engine (builder/engine.py).
 
-Phases (each timed in the build log): read and check the checkpoint; resolve each plugin's
-implementation; arrange weights (cast, fuse shared experts, pack NVFP4 experts with the MoE plugin's
-`pack_weights`) and, with tp_size > 1, shard them per rank (builder/sharding.py); export the step
-program and the encoders with torch.export, dynamic dimensions bounded by the BuildConfig.
+Phases (each timed in the build log): read and check the checkpoint; resolve each plugin's implementation;
+arrange the weights into the kernels' layout (and, with tp_size or ep_size > 1, per rank); tune the MoE
+tiles (CUDA); export the step, MTP-depth and tower programs with torch.export, their dynamic dimensions
+bounded by the BuildConfig. The engine config records `model_type` (`inkling_mm_model`), the checkpoint's
+config.json as `pretrained_config` (and `quantization` its hf_quant_config.json), and `cache_layout`: each
+cache's KV heads (full and sliding layers differ).
+
+BF16 and NVFP4 checkpoints both build (the published NVFP4 file keeps its first MoE layer in BF16, so an
+engine holds both kinds). The MTP depths a deployment drafts with (the first max_draft_len) are built, in
+BF16 even from an NVFP4 checkpoint as the file keeps them, with one head program per attention kind among
+them (`mtp_head_full`, `mtp_head_sliding`: the kinds' KV heads differ). A CUDA engine runs the Triton
+kernels, its MoE tiles tuned at build. With tp_size or ep_size > 1 the engine holds one weights file per rank
+(builder/tensor_parallel.py, builder/expert_parallel.py); the two do not combine yet.
 """
 
 from __future__ import annotations
@@ -13,404 +23,373 @@ import os
 from collections.abc import Iterable, Sequence
 
 import torch
-from torch.export import Dim
-from tqdm import tqdm
 
 import plugins
-from inkling.config import InklingConfig
-from inkling.encoders import HMLP, Audio
-from inkling.tensors import PROJS, routed_expert_module
+from inkling.published.checkpoint import PublishedCheckpoint
+from inkling.published.config import InklingConfig
+from inkling.published.processing import PreprocessorSettings
+from inkling.published.towers import AudioEmbedding, EncoderProgram, VisionTower
 
 from .compile import compile_into
 from .config import BuildConfig, BuildError
 from .contracts import HEAD, STEP
 from .engine import ENGINE_FORMAT_VERSION, Engine, RankShard
-from .network import CacheLayout, StepProgram
+from .expert_parallel import ExpertParallel
+from .network import (
+    CacheLayout,
+    HeadProgram,
+    StepProgram,
+    conv_channels,
+    depth_conv_channels,
+    depth_weights,
+    engine_tensors,
+)
 from .profiles import BuildLog, export_dims
-from .sharding import TensorParallel
+from .tensor_parallel import DRAFT_UNEMBED, UNEMBED, TensorParallel
+
+OPS = ("sconv", "kv_cache_write", "bank_attention", "sigmoid_sink_moe")
 
 
-def build(
-    source: str | os.PathLike | Iterable[tuple[str, torch.Tensor]],
-    build_config: BuildConfig | None = None,
-    config: InklingConfig | None = None,
-    echo: bool = True,
-    draft_vocab: Sequence[int] | None = None,
-) -> Engine:
-    """Build an engine from a checkpoint directory, or from (name, tensor) pairs with their `config`
-    (e.g. `inkling.synth.iter_synthetic_tensors` on the GPU, for models too big for disk).
-
-    draft_vocab: token ids the MTP heads may draft (builder/draft_vocab.py); default every token."""
-    bc = build_config or BuildConfig()
-    if isinstance(source, (str, os.PathLike)):
-        from .published_build import build_published, is_published_checkpoint
-
-        if is_published_checkpoint(source):  # the real Inkling (builder/published_build.py)
-            return build_published(source, bc, echo, draft_vocab)
-    log = BuildLog(echo)
-    tokenizer_json = generation_config = None
-    with log.phase("read"):
-        if isinstance(source, (str, os.PathLike)):
-            from inkling.checkpoint import CheckpointReader, load_generation_config
-
-            reader = CheckpointReader(source)
-            config = reader.config
-            tensors: Iterable[tuple[str, torch.Tensor]] = ((n, reader.get(n)) for n in reader.keys())
-            tok = os.path.join(os.fspath(source), "tokenizer.json")
-            tokenizer_json = open(tok, encoding="utf-8").read() if os.path.exists(tok) else None
-            generation_config = load_generation_config(source)
-            log(f"checkpoint {os.fspath(source)}")
-        elif config is None:
-            raise BuildError("building from tensors in memory needs their config")
-        else:
-            tensors = source
-        if not config.is_quantized:
-            raise BuildError(
-                "the earlier model's checkpoint has bf16 routed experts: its build takes NVFP4 ones only "
-                "(python -m inkling.synth --nvfp4); the real Inkling builds from BF16 or NVFP4"
-            )
-    if draft_vocab is not None:
-        draft_vocab = _draft_vocab(config, bc, tokenizer_json, draft_vocab)
-        log(
-            f"MTP draft vocabulary: {len(draft_vocab)} tokens (each draft pick reads "
-            f"{len(draft_vocab) / config.vocab_size:.1%} of lm_head)"
-        )
-    if bc.ep_size != 1 or bc.tp_size != 1:
-        raise BuildError(
-            f"tensor and expert parallelism (tp_size {bc.tp_size}, ep_size {bc.ep_size}) are built for the "
-            "real Inkling only"
-        )
-    tp = TensorParallel(config, bc.tp_size)
-    impls = bc.plugin_config.resolve(bc.device)
-    for name, impl in impls.items():
-        why = "CUDA engine" if impl == "triton" else ("asked for" if bc.device == "cuda" else "CPU engine")
-        log(f"plugin {name}: {impl} ({why}), version {plugins.get(name).version}")
-    if tp.tp_size > 1:
-        if bc.compile:
-            raise BuildError("--compile with tp_size > 1 is not supported yet (it compiles on one process)")
-        impls["collectives"] = bc.plugin_config.resolve_collectives(bc.device)
-        log(f"tensor parallel: {tp.tp_size} ranks, collectives {impls['collectives']}, per rank {tp.sizes()}")
-    dtype = getattr(torch, bc.dtype)
-    device = torch.device(bc.device)
-    with log.phase("weights"):
-        weights, encoder_tensors = arrange_weights(config, tensors, dtype, device)
-        shards = tp.split(weights)
-        for rank, shard in enumerate(shards):
-            nbytes = sum(t.numel() * t.element_size() for t in shard.values())
-            log(f"rank {rank} weights: {len(shard)} tensors, {nbytes / 1e9:.3f} GB")
-    tuning = {}
-    if "triton" in impls.values() and bc.plugin_config.tune:
-        with log.phase("tune"):
-            tuning = tune_plugins(config, bc, impls, shards[0], log)
-    with log.phase("export"):
-        moe_tiles = json.dumps(tuning["expert_sink_moe"]) if "expert_sink_moe" in tuning else ""
-        step_weights = {k: v for k, v in shards[0].items() if not k.startswith("mtp.")}
-        # Every rank's step has the same shapes and ops (collectives find their rank at run time), so
-        # one export serves all (the heads too).
-        step = export_step(config, bc, impls, step_weights, device, dtype, moe_tiles, tp)
-        programs = {"step": step}
-        if has_heads(config, bc):
-            programs["mtp_head"] = export_head(config, bc, impls, shards[0], device, dtype, tp)
-        # Every rank runs the step and the heads; the encoders run on rank 0 only.
-        rank_programs = {k: v for k, v in programs.items() if k in ("step", "mtp_head")}
-        programs.update(export_encoders(config, bc, encoder_tensors, device, dtype))
-        log(
-            f"programs: rank 0 {sorted(programs)}"
-            + (f", other ranks {sorted(rank_programs)}" if tp.tp_size > 1 else "")
-        )
-    ops = {}
-    op_names = [
-        "sheared_bias_attention",
-        "kv_cache_write",
-        "sconv",
-        "sconv_kv_write",
-        "expert_sink_moe",
-        "mtp_draft",
-    ]
-    if tp.tp_size > 1:
-        op_names += ["reduce_scatter", "all_gather"]
-    for name in op_names:
-        spec = plugins.get(name)
-        impl = impls.get(name, impls["sconv"] if "sconv" in name else impls["sheared_bias_attention"])
-        if name in ("reduce_scatter", "all_gather"):
-            impl = impls["collectives"]
-        ops[name] = {
-            "impl": impl,
-            "version": spec.version,
-            "weight_layout_version": spec.weight_layout_version,
-        }
-    engine_config = {
-        "version": ENGINE_FORMAT_VERSION,
-        "pretrained_config": config.to_dict(),
-        "build_config": bc.to_dict(),
-        "plugin_config": {"impls": impls, "ops": ops, "tuning": tuning},
-        "mapping": {"world_size": bc.tp_size, "tp_size": bc.tp_size, "ep_size": 1, **tp.sizes()},
-        "quantization": config.quantization_config,
-        "device": bc.device,
-        "dtype": bc.dtype,
-        "draft_vocab": draft_vocab,
-        "cache_layout": {
-            "group_of_layer": list(CacheLayout.of(config).group_of_layer),
-            "slot_of_layer": list(CacheLayout.of(config).slot_of_layer),
-            "group_windows": list(CacheLayout.of(config).group_windows),
-            "pool_size": CacheLayout.of(config).pool_size,
-        },
+def resolve_impls(bc: BuildConfig) -> dict[str, str]:
+    """Each op's impl from the plugin config (Triton on a CUDA engine by default): the attention ops follow
+    `sheared_bias_attention`, the MoE `expert_sink_moe` (the kernels they share)."""
+    resolved = bc.plugin_config.resolve(bc.device)
+    return {
+        "sconv": resolved["sconv"],
+        "kv_cache_write": resolved["sheared_bias_attention"],
+        "bank_attention": resolved["sheared_bias_attention"],
+        "sigmoid_sink_moe": resolved["expert_sink_moe"],
     }
-    engine = Engine(
-        engine_config, shards[0], programs, tokenizer_json, generation_config, log.lines,
-        other_ranks={rank: RankShard(shards[rank], rank_programs) for rank in range(1, tp.tp_size)},
+
+
+def tune_moe(config: InklingConfig, bc: BuildConfig, weights: dict[str, torch.Tensor], log) -> dict | None:
+    """The MoE's tiles per token bucket, timed at build on the first NVFP4 MoE layer (the published file's
+    first MoE layer is BF16: those layers take the tensor-core GEMM whatever the table says)."""
+    from plugins.moe.launcher import sigmoid_sink_moe, tune
+
+    t = config.text
+    layers = [i for i in range(t.num_hidden_layers) if not t.is_dense(i)]
+    quantized = [i for i in layers if f"model.llm.layers.{i}.mlp.experts.w13_weight.scale" in weights]
+    if not quantized:
+        return None
+    p = f"model.llm.layers.{quantized[0]}.mlp"
+    e, sh = f"{p}.experts", f"{p}.shared_experts"
+    w = weights
+    tensors = (
+        w[f"{p}.gate.weight"], w[f"{p}.gate.bias"], w[f"{p}.gate.global_scale"], w[f"{e}.w13_weight"],
+        w[f"{e}.w13_weight.scale"], w[f"{e}.w13_weight.scale2"], w[f"{e}.w2_weight"], w[f"{e}.w2_weight.scale"],
+        w[f"{e}.w2_weight.scale2"], w[f"{sh}.shared_w13_weight"], w[f"{sh}.shared_w2_weight"],
     )  # fmt: skip
-    if bc.compile:
-        compile_into(engine, lambda n, q: step_example(config, bc, device, dtype, num_seqs=n, q=q), log)
-    return engine
+
+    def make_inputs(T: int) -> tuple:
+        x = torch.randn(T, t.hidden_size, device=tensors[0].device, dtype=getattr(torch, bc.dtype))
+        return (x, *tensors, t.route_scale, t.num_experts_per_tok)
+
+    return tune(make_inputs, max_tokens=bc.plugin_config.tune_max_tokens, log=log, op=sigmoid_sink_moe)
 
 
-def _draft_vocab(
-    config: InklingConfig, bc: BuildConfig, tokenizer_json: str | None, ids: Sequence[int]
-) -> list[int]:
-    from .draft_vocab import checked_draft_vocab
-
-    size = config.vocab_size
-    if tokenizer_json is not None:  # padded rows past the tokenizer are never sampled, nor drafted
-        from tokenizers import Tokenizer
-
-        size = Tokenizer.from_str(tokenizer_json).get_vocab_size(with_added_tokens=True)
-    return checked_draft_vocab(ids, size, has_heads(config, bc))
+def head_program_name(layer_type: str) -> str:
+    """The head program of the MTP depths of one attention kind."""
+    return "mtp_head_" + ("sliding" if layer_type == "hybrid_sliding" else "full")
 
 
-def arrange_weights(
-    config: InklingConfig,
-    tensors: Iterable[tuple[str, torch.Tensor]],
-    dtype: torch.dtype,
-    device: torch.device,
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Checkpoint tensors -> the engine's weights (step program) and the encoders' tensors.
-
-    Routed experts are gathered per layer and packed by the MoE plugin once the layer is complete;
-    shared experts are fused to w13 [S, 2I, H] and w2 [S, H, I]; MTP heads (`mtp.*`) keep their names
-    (the head program's weights; the step program takes the others)."""
-    from plugins.moe import pack_weights
-
-    weights: dict[str, torch.Tensor] = {}
-    encoders: dict[str, torch.Tensor] = {}
-    experts: dict[int, dict[tuple[int, str], dict[str, torch.Tensor]]] = {}
-    shared: dict[int, dict[tuple[int, str], torch.Tensor]] = {}
-    E, S = config.num_routed_experts, config.num_shared_experts
-    for name, tensor in tqdm(tensors, desc="weights", unit="tensor", leave=False, disable=None):
-        if name.startswith(("vision.", "audio.")):
-            encoders[name] = tensor.to(device=device, dtype=dtype)
-            continue
-        module = routed_expert_module(name) or routed_expert_module(name.rsplit(".", 1)[0] + ".weight")
-        if module is not None:
-            layer, expert, proj = _expert_key(module)
-            suffix = name[len(module) + 1 :]
-            experts.setdefault(layer, {}).setdefault((expert, proj), {})[suffix] = tensor.to(device)
-            if _layer_complete(experts[layer], E):
-                layer_experts = experts.pop(layer)
-                packed = pack_weights(
-                    [
-                        {f"{proj}.{k}": v for proj in PROJS for k, v in layer_experts[(e, proj)].items()}
-                        for e in range(E)
-                    ]
-                )
-                for key, value in packed.items():
-                    weights[f"model.layers.{layer}.mlp.experts_packed.{key}"] = value
-            continue
-        if ".mlp.shared_experts." in name:
-            layer = int(name.split(".")[2])
-            s, proj = int(name.split(".")[5]), name.split(".")[6]
-            shared.setdefault(layer, {})[(s, proj)] = tensor.to(device=device, dtype=dtype)
-            if len(shared[layer]) == 3 * S:
-                sh = shared.pop(layer)
-                p = f"model.layers.{layer}.mlp"
-                weights[f"{p}.shared_w13"] = torch.stack(
-                    [torch.cat([sh[(s, "gate_proj")], sh[(s, "up_proj")]]) for s in range(S)]
-                )
-                weights[f"{p}.shared_w2"] = torch.stack([sh[(s, "down_proj")] for s in range(S)])
-            continue
-        weights[name] = tensor.to(device=device, dtype=dtype)
-    if experts or shared:
-        raise BuildError(f"incomplete experts in layers {sorted(set(experts) | set(shared))}")
-    return weights, encoders
+def num_built_depths(config: InklingConfig, bc: BuildConfig) -> int:
+    """The MTP depths an engine holds: drafts never exceed max_draft_len, so deeper ones would hold weights
+    and KV that nobody reads."""
+    return min(config.mtp.num_layers, bc.max_draft_len)
 
 
-def _expert_key(module: str) -> tuple[int, int, str]:
-    parts = module.split(".")
-    return int(parts[2]), int(parts[5]), parts[6]
-
-
-def _layer_complete(layer_experts: dict, num_experts: int) -> bool:
-    return len(layer_experts) == 3 * num_experts and all(len(v) == 4 for v in layer_experts.values())
-
-
-def tune_plugins(config, bc, impls, weights, log) -> dict:
-    """Kernel choices made once at build time and stored in the engine (no tuning at load)."""
-    out = {}
-    if impls["expert_sink_moe"] == "triton":
-        from plugins.moe import PACKED_NAMES
-        from plugins.moe.launcher import tune
-
-        p = "model.layers.0.mlp"
-        w = weights
-
-        def make_inputs(T: int) -> tuple:
-            x = torch.randn(
-                T,
-                config.hidden_size,
-                device=w[f"{p}.router.weight"].device,
-                dtype=w[f"{p}.router.weight"].dtype,
-            )
-            packed = [w[f"{p}.experts_packed.{k}"] for k in PACKED_NAMES]
-            return (x, w[f"{p}.router.weight"], *packed, w[f"{p}.shared_w13"], w[f"{p}.shared_w2"],
-                    config.num_routed_experts, config.num_experts_per_tok)  # fmt: skip
-
-        out["expert_sink_moe"] = tune(make_inputs, max_tokens=bc.plugin_config.tune_max_tokens, log=log)
-    return out
+def cache_layout(config: InklingConfig, num_depths: int = 0, tp_size: int = 1) -> dict:
+    """The caches and sconv states of one rank (tp_size > 1: its KV heads and channels; the MTP depths are
+    rank 0's, whole)."""
+    lay = CacheLayout.of(config)
+    t, tp = config.text, TensorParallel(config, tp_size)
+    depths = [config.mtp_attention(d) for d in range(num_depths)]
+    return {
+        "mtp_kv_heads": [a.num_kv_heads for a in depths],
+        "mtp_head_dims": [a.head_dim for a in depths],
+        "mtp_conv_channels": [depth_conv_channels(config, d) for d in range(num_depths)],
+        "group_of_layer": list(lay.group_of_layer),
+        "slot_of_layer": list(lay.cache_of_layer),
+        "group_windows": [t.sliding_window_size if k == "hybrid_sliding" else 0 for k in lay.group_kinds],
+        "pool_size": len(lay.cache_kinds()),
+        "cache_kv_heads": [tp.attention_of(k).num_kv_heads for k in lay.cache_kinds()],
+        "cache_head_dims": [t.attention_of(k).head_dim for k in lay.cache_kinds()],
+        "conv_channels": conv_channels(config, tp_size),
+        "conv_dtype": "float32",
+        "sconv_kernel_size": t.conv_kernel_size,
+    }
 
 
 def step_example(
-    config: InklingConfig,
-    bc: BuildConfig,
-    device,
-    dtype,
-    num_blocks: int = 8,
-    tp: TensorParallel | None = None,
-    num_seqs: int | None = None,
-    q: int | None = None,
+    config: InklingConfig, bc: BuildConfig, device, dtype, num_seqs: int | None = None, q: int | None = None
 ) -> dict[str, object]:
-    """Example inputs of the step program, by argument name. Default (export): 2 sequences of 3 and 2 new
-    tokens with media rows (sizes > 1 so nothing specialises), the last row of each wanted. With num_seqs
-    and q: that many sequences of q new tokens each and no media, as a runtime's prefill (q > 1) or decode
-    step (q = 1) would be. Caches and sconv states of one rank's size under tensor parallelism; q_bound's
-    length is the longest sequence's new tokens (docs/interfaces.md "The step program")."""
-    tp = tp or TensorParallel(config)
-    layout = CacheLayout.of(config)
-    MB = bc.max_blocks_per_seq
-    S = config.sconv_kernel_size - 1 + bc.max_draft_len
+    """Example inputs for the export: 2 sequences of 3 and 2 new tokens with media rows (sizes > 1 so
+    nothing specialises), the last row of each wanted. With num_seqs and q: that many sequences of q new
+    tokens each and no media, as a runtime's prefill (q > 1) or decode step (q = 1) would be (the shapes
+    `--compile` warms the compiler on)."""
+    lay = cache_layout(config, tp_size=bc.tp_size)
+    G, MB, bs = len(lay["group_windows"]), bc.max_blocks_per_seq, bc.tokens_per_block
     i32 = dict(dtype=torch.int32, device=device)
     q_lens = [3, 2] if num_seqs is None else [q] * num_seqs
     B, T = len(q_lens), sum(q_lens)
-    bs = bc.tokens_per_block
-    per_seq = -(-max(q_lens) // bs)  # blocks each sequence needs
-    block_tables = torch.zeros(layout.num_groups, B, MB, **i32)
+    per_seq = -(-max(q_lens) // bs)  # blocks each sequence needs in each group
+    block_tables = torch.zeros(G, B, MB, **i32)
     for b in range(B):
         block_tables[:, b, :per_seq] = torch.arange(b * per_seq, (b + 1) * per_seq, **i32)
-    num_blocks = max(num_blocks, B * per_seq)
     slots = torch.cat([b * per_seq * bs + torch.arange(n) for b, n in enumerate(q_lens)]).to(device)
     cu = torch.tensor([0, *q_lens], **i32).cumsum(0, dtype=torch.int32)
-    if num_seqs is None:
-        mm_embeds = torch.zeros(3, config.hidden_size, dtype=dtype, device=device)
-        mm_positions = torch.tensor([1, 2, T], device=device)
-    else:
-        mm_embeds = torch.zeros(1, config.hidden_size, dtype=dtype, device=device)
-        mm_positions = torch.tensor([T], device=device)
-    conv = [torch.zeros(bc.max_batch_size, S, C, dtype=dtype, device=device) for C in tp.conv_channels()]
-    kv_shape = (num_blocks, bs, tp.num_kv_heads, config.head_dim)
+    H = config.text.hidden_size
+    S = config.text.conv_kernel_size - 1 + bc.max_draft_len
+    media = 3 if num_seqs is None else 1  # the splice's dummy row at T always; media rows for the export
+    num_blocks = max(8, B * per_seq)
+
+    def kv(h, d):
+        return torch.zeros(num_blocks, bs, h, d, dtype=dtype, device=device)
+
     return dict(
         input_ids=torch.arange(1, T + 1, device=device),
-        mm_embeds=mm_embeds,
-        mm_positions=mm_positions,
+        mm_embeds=torch.zeros(media, H, dtype=dtype, device=device),
+        mm_positions=torch.tensor([1, 2, T][-media:], device=device),
         cu_seqlens_q=cu,
         seq_lens=torch.tensor(q_lens, **i32),
         block_tables=block_tables,
-        slot_mappings=slots.repeat(layout.num_groups, 1),
+        slot_mappings=slots.repeat(G, 1),
         state_indices=torch.arange(B, **i32),
         logits_indices=(cu[1:] - 1).long(),
         q_bound=torch.zeros(max(q_lens), dtype=torch.int8, device=device),
-        key_caches=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(layout.pool_size)],
-        value_caches=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(layout.pool_size)],
-        conv_states=conv,
+        key_caches=[kv(h, d) for h, d in zip(lay["cache_kv_heads"], lay["cache_head_dims"])],
+        value_caches=[kv(h, d) for h, d in zip(lay["cache_kv_heads"], lay["cache_head_dims"])],
+        conv_states=[torch.zeros(bc.max_batch_size, S, C, device=device) for C in lay["conv_channels"]],
     )
 
 
-def export_step(
-    config, bc, impls, weights, device, dtype, moe_tiles: str = "", tp: TensorParallel | None = None
-) -> torch.export.ExportedProgram:
-    example = {"weights": weights, **step_example(config, bc, device, dtype, tp=tp)}
-    args = [example[name] for name in STEP.names]
-    dynamic = STEP.dynamic_shapes(export_dims(bc), example)
-    module = StepProgram(config, bc, impls, moe_tiles, tp)
-    with torch.no_grad():
-        return torch.export.export(module, tuple(args), dynamic_shapes=dynamic)
-
-
-def has_heads(config: InklingConfig, bc: BuildConfig) -> bool:
-    """Whether the engine carries the MTP head program: the checkpoint has heads, the build allows
-    drafts, and there is a full-attention group for the heads' KV to share (docs/interfaces.md)."""
-    return config.num_mtp_heads > 0 and bc.max_draft_len > 0 and CacheLayout.of(config).group_windows[0] == 0
-
-
-def head_weights(weights: dict[str, torch.Tensor], m: int) -> dict[str, torch.Tensor]:
-    """Head m's (1-based) inputs of the head program: its tensors without the prefix, and embed_tokens."""
-    prefix = f"mtp.{m - 1}."
-    out = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
-    out["embed_tokens"] = weights["model.embed_tokens.weight"]
-    return out
-
-
-def export_head(
-    config, bc, impls, weights, device, dtype, tp: TensorParallel | None = None
-) -> torch.export.ExportedProgram:
-    """The MTP head program (builder.network.HeadProgram), traced with head 1's weights (a rank's share
-    under tensor parallelism)."""
-    from .network import HeadProgram
-
-    tp = tp or TensorParallel(config)
-    step = step_example(config, bc, device, dtype, tp=tp)
-    T = step["input_ids"].shape[0]
-    S = config.sconv_kernel_size - 1 + bc.max_draft_len
-    conv = [
-        torch.zeros(bc.max_batch_size, S, C, dtype=dtype, device=device)
-        for C in head_conv_channels(config, tp)
-    ]
-    example = dict(
-        weights=head_weights(weights, 1),
-        h_prev=torch.zeros(T, config.hidden_size, dtype=dtype, device=device),
-        input_ids=step["input_ids"],
-        mm_embeds=step["mm_embeds"],
-        mm_positions=step["mm_positions"],
-        cu_seqlens_q=step["cu_seqlens_q"],
-        seq_lens=step["seq_lens"],
-        block_table=step["block_tables"][0],
-        slot_mapping=step["slot_mappings"][0],
-        state_indices=step["state_indices"],
-        q_bound=step["q_bound"],
-        key_cache=step["key_caches"][0],
-        value_cache=step["value_caches"][0],
-        conv_states=conv,
-    )
-    args = [example[name] for name in HEAD.names]
-    module = HeadProgram(config, bc, impls, tp=tp)
-    with torch.no_grad():
-        return torch.export.export(
-            module, tuple(args), dynamic_shapes=HEAD.dynamic_shapes(export_dims(bc), example)
-        )
-
-
-def head_conv_channels(config: InklingConfig, tp: TensorParallel) -> tuple[int, int, int]:
-    """Channels of an MTP head's sconv states on one rank: sites k, v (its KV heads), o (its hidden slice)."""
-    kv = tp.num_kv_heads * config.head_dim
-    return kv, kv, tp.hidden_slice
-
-
-def export_encoders(config, bc, tensors, device, dtype) -> dict[str, torch.export.ExportedProgram]:
-    """The hMLP stem and the dMel embedding, with their (small) weights inside the programs."""
+def export_heads(
+    config, bc, impls, weights, num_depths, device, dtype
+) -> dict[str, torch.export.ExportedProgram]:
+    """One head program per attention kind among the built depths, traced with that kind's first depth."""
+    step = step_example(config, bc, device, dtype)
+    T, H = step["input_ids"].shape[0], config.text.hidden_size
+    S = config.text.conv_kernel_size - 1 + bc.max_draft_len
     out = {}
-    side = config.vision.max_image_side // 16
-    for name, module_cls, example, dims in (
-        ("vision", HMLP, torch.zeros(6, 16, 16, 3), {0: Dim("patches", min=1, max=side * side)}),
-        ("audio", Audio, torch.zeros(config.audio.num_mels, 8, dtype=torch.long), {1: config.audio.frame_stack * Dim("tokens", min=1, max=bc.max_input_len)}),
-    ):  # fmt: skip
-        with torch.device("meta"):
-            module = module_cls(config)
-        for key, value in tensors.items():
-            if key.startswith(f"{name}."):
-                mod_name, _, attr = key[len(name) + 1 :].rpartition(".")
-                mod_name = mod_name.removeprefix("hmlp").lstrip(".")
-                module.get_submodule(mod_name)._parameters[attr] = torch.nn.Parameter(
-                    value, requires_grad=False
-                )
-        example = example.to(device=device, dtype=dtype if example.is_floating_point() else example.dtype)
+    for d in range(num_depths):
+        kind = config.mtp.layer_types[d]
+        name = head_program_name(kind)
+        if name in out:
+            continue
+        a = config.mtp_attention(d)
+        kv = torch.zeros(8, bc.tokens_per_block, a.num_kv_heads, a.head_dim, dtype=dtype, device=device)
+        example = dict(
+            weights=depth_weights(weights, d), h_prev=torch.zeros(T, H, dtype=dtype, device=device),
+            input_ids=step["input_ids"], mm_embeds=step["mm_embeds"], mm_positions=step["mm_positions"],
+            cu_seqlens_q=step["cu_seqlens_q"], seq_lens=step["seq_lens"], block_table=step["block_tables"][0],
+            slot_mapping=step["slot_mappings"][0], state_indices=step["state_indices"], q_bound=step["q_bound"],
+            key_cache=kv, value_cache=kv.clone(),
+            conv_states=[torch.zeros(bc.max_batch_size, S, C, device=device) for C in depth_conv_channels(config, d)],
+        )  # fmt: skip
+        args = [example[n] for n in HEAD.names]
         with torch.no_grad():
-            out[name] = torch.export.export(module.eval(), (example,), dynamic_shapes=(dims,))
+            out[name] = torch.export.export(
+                HeadProgram(config, impls, kind), tuple(args),
+                dynamic_shapes=HEAD.dynamic_shapes(export_dims(bc), example),
+            )  # fmt: skip
     return out
+
+
+def encoder_layout(config: InklingConfig, bc: BuildConfig) -> dict:
+    """The towers' inputs for the runtime's encoder graphs: one output row per row along `dim`."""
+    v = config.vision
+    return {
+        "vision": {"shape": [0, v.temporal_patch_size, v.patch_size, v.patch_size, v.num_channels], "dim": 0,
+                   "input": "float", "max_rows": bc.max_input_len},
+        "audio": {"shape": [0, config.audio.n_mel_bins], "dim": 0, "input": "long", "max_rows": bc.max_input_len},
+    }  # fmt: skip
+
+
+def export_towers(config, bc, weights, device, dtype) -> dict[str, torch.export.ExportedProgram]:
+    """The vision tower and the audio embedding, their weights inside the programs (they are small)."""
+    from torch.export import Dim
+
+    v = config.vision
+    n = Dim("rows", min=1, max=bc.max_input_len)
+    pixels = torch.zeros(
+        3, v.temporal_patch_size, v.patch_size, v.patch_size, v.num_channels, dtype=dtype, device=device
+    )
+    levels = torch.zeros(5, config.audio.n_mel_bins, dtype=torch.long, device=device)
+    out = {}
+    for name, tower, example in (
+        ("vision", VisionTower(config), pixels),
+        ("audio", AudioEmbedding(config), levels),
+    ):
+        prefix = "model.visual." if name == "vision" else "model.audio."
+        program = EncoderProgram(tower, {k: w for k, w in weights.items() if k.startswith(prefix)})
+        with torch.no_grad():
+            out[name] = torch.export.export(program.eval(), (example,), dynamic_shapes=({0: n},))
+    return out
+
+
+def build(
+    source: str | os.PathLike,
+    build_config: BuildConfig | None = None,
+    echo: bool = True,
+    draft_vocab: Sequence[int] | None = None,
+) -> Engine:
+    """Build an engine from a published-layout checkpoint directory (BF16 or NVFP4). draft_vocab: the
+    token ids the MTP depths may draft (builder/draft_vocab.py); default every real token."""
+    bc = build_config or BuildConfig()
+    log = BuildLog(echo)
+    with log.phase("read"):
+        from inkling.checkpoint import CheckpointError, load_generation_config
+
+        try:
+            reader = PublishedCheckpoint(source)
+        except CheckpointError as e:
+            raise BuildError(str(e)) from e
+        tok = os.path.join(os.fspath(source), "tokenizer.json")
+        tokenizer_json = open(tok, encoding="utf-8").read() if os.path.exists(tok) else None
+        gen = os.path.join(os.fspath(source), "generation_config.json")
+        generation_config = load_generation_config(source) if os.path.exists(gen) else None
+        kind = "NVFP4" if reader.config.is_quantized else "BF16"
+        log(f"checkpoint {os.fspath(source)}: the real Inkling, {kind}, "
+            f"{reader.config.text.num_hidden_layers} layers")  # fmt: skip
+    with reader:
+        return build_from_tensors(
+            reader.config, ((n, reader.get(n)) for n in reader.keys()), bc, log,
+            has_mtp=not reader.dropped_mtp, tokenizer_json=tokenizer_json, generation_config=generation_config,
+            settings=PreprocessorSettings.from_pretrained(source), draft_vocab=draft_vocab,
+        )  # fmt: skip
+
+
+def build_from_tensors(
+    config: InklingConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    bc: BuildConfig,
+    log: BuildLog,
+    has_mtp: bool = True,
+    tokenizer_json: str | None = None,
+    generation_config: dict | None = None,
+    settings: PreprocessorSettings | None = None,
+    draft_vocab: Sequence[int] | None = None,
+) -> Engine:
+    """Build from the checkpoint's (name, tensor) pairs in the published layout: a directory's, or tensors
+    synthesized in memory on the GPU (inkling.published.synth.iter_tensors; bench/e2e.py) for models larger
+    than the disk. has_mtp: the tensors hold the MTP depths the config names. draft_vocab: as
+    build."""
+    if bc.tp_size > 1 and bc.ep_size > 1:
+        raise BuildError(
+            f"tensor parallelism with expert parallelism (tp_size {bc.tp_size}, ep_size {bc.ep_size}) is not "
+            "built yet: pick one"
+        )
+    dtype, device = getattr(torch, bc.dtype), torch.device(bc.device)
+    num_depths = num_built_depths(config, bc) if has_mtp else 0
+    if not has_mtp:
+        log("MTP depths: none in the checkpoint (config names them); the engine decodes without drafts")
+    elif config.mtp.num_layers:
+        log(f"MTP depths: {num_depths} of {config.mtp.num_layers} built (max_draft_len {bc.max_draft_len}), "
+            f"kinds {list(config.mtp.layer_types[:num_depths])}")  # fmt: skip
+    if draft_vocab is not None:
+        from .draft_vocab import checked_draft_vocab
+
+        draft_vocab = checked_draft_vocab(draft_vocab, config.text.unpadded_vocab_size, num_depths > 0)
+        log(f"MTP draft vocabulary: {len(draft_vocab)} tokens (each draft pick reads "
+            f"{len(draft_vocab) / config.text.unpadded_vocab_size:.1%} of the unembedding)")  # fmt: skip
+    settings = settings or PreprocessorSettings()
+    impls = resolve_impls(bc)
+    for name, impl in impls.items():
+        log(f"plugin {name}: {impl}, version {plugins.get(name).version}")
+    ep, tp = ExpertParallel(config, bc.ep_size), TensorParallel(config, bc.tp_size)
+    if bc.tp_size > 1:
+        if bc.compile:
+            raise BuildError("--compile with tp_size > 1 is not supported yet (it compiles on one process)")
+        impls["collectives"] = bc.plugin_config.resolve_collectives(bc.device)
+        log(f"tensor parallel: {bc.tp_size} ranks, collectives {impls['collectives']}, per rank {tp.sizes()}")
+    if bc.ep_size > 1:
+        if bc.compile:
+            raise BuildError("--compile with ep_size > 1 is not supported yet (it compiles on one process)")
+        impls["collectives"] = bc.plugin_config.resolve_collectives(bc.device)
+        log(f"expert parallel: {bc.ep_size} ranks, {ep.experts_per_rank} routed experts each, the shared "
+            f"experts' width split, collectives {impls['collectives']}")  # fmt: skip
+    with log.phase("weights"):
+        weights = {n: t.to(device) for n, t in engine_tensors(config, tensors, dtype, num_depths)}
+        nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+        log(f"weights: {len(weights)} tensors, {nbytes / 1e9:.3f} GB")
+        step_weights = {
+            n: w for n, w in weights.items() if not n.startswith(("model.visual.", "model.audio.", "mtp."))
+        }
+        # The other ranks' step weights; rank 0's share, with its MTP depths and towers whole (and, under
+        # tensor parallelism, the whole unembedding for their draft picks)
+        other_ranks = {
+            r: RankShard(tp.rank_weights(ep.rank_weights(step_weights, r), r), {})
+            for r in range(1, bc.tp_size * bc.ep_size)
+        }
+        if bc.tp_size > 1 and num_depths:
+            weights[DRAFT_UNEMBED] = weights[UNEMBED]
+        weights = {
+            n: tp.shard(n, ep.shard(n, w, 0), 0) if n in step_weights else w for n, w in weights.items()
+        }
+        step_weights = {n: weights[n] for n in step_weights}
+    tuning = {}
+    if impls["sigmoid_sink_moe"] == "triton" and bc.plugin_config.tune and bc.device == "cuda":
+        with log.phase("tune"):
+            table = tune_moe(config, bc, weights, log)
+            if table:
+                tuning["sigmoid_sink_moe"] = table
+    with log.phase("export"):
+        example = {"weights": step_weights, **step_example(config, bc, device, dtype)}
+        args = [example[name] for name in STEP.names]
+        dynamic = STEP.dynamic_shapes(export_dims(bc), example)
+        with torch.no_grad():
+            moe_tiles = json.dumps(tuning["sigmoid_sink_moe"]) if "sigmoid_sink_moe" in tuning else ""
+            step = torch.export.export(
+                StepProgram(config, impls, moe_tiles, bc.ep_size, bc.tp_size),
+                tuple(args),
+                dynamic_shapes=dynamic,
+            )
+        for part in other_ranks.values():  # every rank's step has the same shapes and ops
+            part.programs["step"] = step
+        towers = {n: w for n, w in weights.items() if n.startswith(("model.visual.", "model.audio."))}
+        weights = {n: w for n, w in weights.items() if n not in towers}
+        programs = {
+            "step": step,
+            **export_heads(config, bc, impls, weights, num_depths, device, dtype),
+            **export_towers(config, bc, towers, device, dtype),
+        }
+        log(f"programs: {sorted(programs)}")
+    ops = {
+        name: {"impl": impls[name], "version": plugins.get(name).version,
+               "weight_layout_version": plugins.get(name).weight_layout_version}
+        for name in OPS
+    }  # fmt: skip
+    engine_config = {
+        "version": ENGINE_FORMAT_VERSION,
+        "model_type": "inkling_mm_model",
+        "pretrained_config": config.to_dict(),
+        "build_config": bc.to_dict(),
+        "plugin_config": {"impls": impls, "ops": ops, "tuning": tuning},
+        "mapping": {
+            "world_size": bc.tp_size * bc.ep_size,
+            "tp_size": bc.tp_size,
+            "ep_size": bc.ep_size,
+            "experts_per_rank": ep.experts_per_rank,
+            **(tp.sizes() if bc.tp_size > 1 else {}),
+        },
+        "quantization": config.quant.to_dict("engine") if config.quant else None,
+        "device": bc.device,
+        "dtype": bc.dtype,
+        "draft_vocab": draft_vocab,
+        "cache_layout": cache_layout(config, num_depths, bc.tp_size),
+        "encoders": encoder_layout(config, bc),
+        "preprocessor": settings.to_dict(),
+    }
+    engine = Engine(
+        engine_config,
+        weights,
+        programs,
+        tokenizer_json,
+        generation_config,
+        log.lines,
+        other_ranks=other_ranks,
+    )
+    if bc.compile:
+        compile_into(engine, lambda n, q: step_example(config, bc, device, dtype, num_seqs=n, q=q), log)
+    return engine

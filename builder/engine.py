@@ -31,7 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import plugins
-from inkling.config import InklingConfig
+from inkling.published.config import MODEL_TYPE, InklingConfig, QuantConfig
 
 from .config import BuildConfig
 
@@ -83,22 +83,11 @@ class Engine:
         return {k: v for k, v in self.weights.items() if not k.startswith("mtp.")}
 
     @property
-    def is_published(self) -> bool:
-        """Whether this engine serves the real Inkling (a published-layout checkpoint, builder/published_build.py)."""
-        return self.config.get("model_type") == "inkling_mm_model"
-
-    @property
-    def model_config(self):
-        """The model's config: inkling.published.config.InklingConfig for the real Inkling, else the earlier
-        model's inkling.config.InklingConfig."""
-        if self.is_published:
-            from inkling.published.config import InklingConfig as PublishedConfig
-            from inkling.published.config import QuantConfig
-
-            q = self.config.get("quantization")
-            quant = QuantConfig.from_dict(q, "engine config.json: quantization") if q else None
-            return PublishedConfig.from_dict(self.config["pretrained_config"], "engine config.json", quant)
-        return InklingConfig.from_dict(self.config["pretrained_config"])
+    def model_config(self) -> InklingConfig:
+        """The model's config (its published config.json, with the NVFP4 description if quantized)."""
+        q = self.config.get("quantization")
+        quant = QuantConfig.from_dict(q, "engine config.json: quantization") if q else None
+        return InklingConfig.from_dict(self.config["pretrained_config"], "engine config.json", quant)
 
     @property
     def build_config(self) -> BuildConfig:
@@ -267,6 +256,11 @@ def read_engine_config(engine_dir: str) -> dict[str, Any]:
 
 
 def check_compatible(config: dict[str, Any], device: str | None) -> None:
+    if config.get("model_type") != MODEL_TYPE:
+        raise EngineError(
+            "this engine computes the earlier, invented model, which is retired: rebuild it from a real "
+            "Inkling checkpoint (`make engine`; python -m inkling.published.synth makes a synthetic one)"
+        )
     if config["version"] != ENGINE_FORMAT_VERSION:
         raise EngineError(
             f"engine format version {config['version']} cannot be loaded by this version "
@@ -299,8 +293,7 @@ def check_compatible(config: dict[str, Any], device: str | None) -> None:
         from .draft_vocab import check_draft_vocab
 
         try:
-            pretrained = config["pretrained_config"]  # the real Inkling's nests its text config
-            vocab_size = pretrained.get("text_config", pretrained)["vocab_size"]
+            vocab_size = config["pretrained_config"]["text_config"]["vocab_size"]
             check_draft_vocab(config["draft_vocab"], vocab_size)
         except ValueError as e:
             raise EngineError(f"engine config is corrupt: {e}") from e

@@ -8,7 +8,7 @@
 - Everything else is replicated: embedding, attention, sconvs, norms, the router (every rank routes every
   token alike and computes its own experts' share), the unembedding. The step's MoE output is this rank's
   part of the sum; the program adds the parts by a reduce-scatter and an all-gather over the hidden
-  channels (builder/published_network.py), float32 in rank order, so every rank holds the same sum.
+  channels (builder/network.py), float32 in rank order, so every rank holds the same sum.
 - Rank 0 alone holds the MTP depths and the towers: the depths are dense (no experts to split), so it
   drafts alone and the other ranks only run the step.
 

@@ -303,7 +303,7 @@ def translation_table(program: torch.export.ExportedProgram) -> dict:
 
 # The export.
 
-# Names of the step program's dynamic dims (builder/published_build.py `export_step`), found on these
+# Names of the step program's dynamic dims (builder/build.py `export_step`), found on these
 # inputs; each KV cache's pool (one per cache kind) is num_blocks_<j>, found on key_caches_<j>.
 STEP_DIMS = {
     ("input_ids", 0): "num_tokens",

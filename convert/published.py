@@ -96,8 +96,7 @@ def dequantize_stack(codes: torch.Tensor, scale: torch.Tensor, scale2: torch.Ten
 def calibrate(model_dir: str, config: InklingConfig, num_prompts: int) -> dict[str, float]:
     """`model.llm.layers.L.mlp.experts.{w13,w2}_weight` -> the raw activation amax of its input."""
     import transformers
-
-    from inkling.tokenizer import load_tokenizer
+    from tokenizers import Tokenizer
 
     model = transformers.InklingForConditionalGeneration.from_pretrained(
         model_dir, dtype=torch.float32
@@ -125,12 +124,12 @@ def calibrate(model_dir: str, config: InklingConfig, num_prompts: int) -> dict[s
         for i in range(config.text.num_hidden_layers)
         if config.experts_quantized(i)
     ]
-    try:
-        tok = load_tokenizer(model_dir)
-    except FileNotFoundError as e:
+    path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.isfile(path):
         raise ConvertError(
-            f"calibration needs the checkpoint's tokenizer: {e} (or --calibration_prompts 0)"
-        ) from e
+            f"calibration needs the checkpoint's tokenizer: no {path} (or --calibration_prompts 0)"
+        )
+    tok = Tokenizer.from_file(path)
     media = {config.image_token_id, config.audio_token_id}  # placeholders would ask for media not given
     with torch.no_grad():
         for text in CALIBRATION_TEXTS[:num_prompts]:  # no BOS: the real tokenizer prepends nothing

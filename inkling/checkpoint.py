@@ -1,6 +1,6 @@
 """Checkpoint I/O: a streaming sharded safetensors writer and a validating lazy reader.
 
-The writer knows every tensor's name, shape and dtype in advance (`tensors.expected_tensors`), so it
+The writer knows every tensor's name, shape and dtype in advance (`layout.checkpoint_tensors`), so it
 plans the shards and their headers first and then appends each tensor's bytes as it arrives: it never
 holds more than the one tensor it is given. The reader checks a checkpoint against its config.json
 without reading any tensor data, then loads tensors one at a time with plain reads.
@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
-from collections.abc import Iterable, Mapping
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .config import ConfigError, InklingConfig
-from .tensors import Spec, expected_tensors
+Spec = tuple[tuple[int, ...], torch.dtype]  # a tensor's shape and dtype
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -303,25 +305,16 @@ def _shard_files(directory: str) -> dict[str, list[str]]:
 
 
 class CheckpointReader:
-    """A validated checkpoint directory; tensors are read lazily, one at a time.
+    """A validated checkpoint directory; tensors are read lazily, one at a time. A layout's reader
+    (inkling.published.checkpoint.PublishedCheckpoint) opens it: it sets `path` and `config`, reads the
+    shards' headers (`_read_headers`), checks them against the tensors its config names (`_check_against`,
+    without reading tensor data) and keeps their order (`_order`)."""
 
-    Opening checks, without reading tensor data: config.json is an Inkling config, every shard exists
-    and is complete, and the tensors are exactly `expected_tensors(config)` with their shapes and dtypes.
-    """
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = os.fspath(path)
-        if not os.path.isdir(self.path):
-            raise CheckpointError(f"checkpoint directory {self.path} does not exist")
-        try:
-            self.config = InklingConfig.from_json(os.path.join(self.path, CONFIG_FILE))
-        except ConfigError as e:
-            raise CheckpointError(f"{self.path}: {e}") from e
-        self._info = self._read_headers()
-        expected = expected_tensors(self.config)
-        self._check_against(expected)
-        self._order = list(expected)
-        self._handles: dict[str, int] = {}  # shard -> file descriptor
+    path: str
+    config: Any
+    _info: dict[str, TensorInfo]
+    _order: list[str]
+    _handles: dict[str, int]  # shard -> file descriptor
 
     def _read_headers(self) -> dict[str, TensorInfo]:
         info: dict[str, TensorInfo] = {}
@@ -441,3 +434,40 @@ def load_generation_config(path: str | os.PathLike) -> dict[str, Any]:
         if not ok:
             raise CheckpointError(f"{file}: {key} must be an integer, got {value!r}")
     return data
+
+
+def write_json(path: str, data: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+
+
+def _publish(tmp: str, out: str) -> None:
+    """Move the finished temp dir to `out`, replacing an old one only once the new one is complete."""
+    old = None
+    if os.path.exists(out):
+        old = tempfile.mkdtemp(dir=os.path.dirname(out), prefix=f".{os.path.basename(out)}.old-")
+        os.rmdir(old)
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+@contextmanager
+def atomic_checkpoint_dir(out: str | os.PathLike, force: bool = False) -> Iterator[str]:
+    """A temp dir beside `out` to write a checkpoint into; it replaces `out` once the block completes, and
+    is removed if it fails. An existing non-empty `out` needs `force`."""
+    out = os.path.abspath(os.fspath(out))
+    if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out) and not force):
+        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is not
+    try:
+        yield tmp
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

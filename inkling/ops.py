@@ -1,7 +1,9 @@
-"""The spec's math for one sequence, in plain PyTorch: the numerical truth (INKLING_SPEC §2–§3).
+"""The earlier, invented model's math for one sequence, in plain PyTorch: what its plugin ops
+(`sheared_bias_attention`, `sconv`, `expert_sink_moe`, `mtp_draft`) are tested against. The model is
+retired; these stay while the real model's ops reuse those ops' kernels (docs/interfaces.md "Ops"). The real
+Inkling's math is transformers' (inkling/published/ops.py holds what the engine's programs share).
 
-Every function here computes in the dtype of its inputs, with float32 softmax; the reference model
-calls them, and the plugins' reference ops are tested against them.
+Every function here computes in the dtype of its inputs, with float32 softmax.
 """
 
 from __future__ import annotations

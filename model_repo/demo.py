@@ -13,7 +13,7 @@ import time
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from inkling.demo import PROMPT, demo_png, demo_wav
+from inkling.demo import demo_png, demo_wav
 from runtime.demo import TEXT_PROMPT
 
 from .serve import ServeConfig, TritonServer, free_port
@@ -45,10 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         engine_dir=args.engine_dir, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()
     )
     print(f"starting Triton on {cfg.grpc_url} (gRPC) and {cfg.http_url} (HTTP) ...", flush=True)
-    from builder.engine import read_engine_config
-
-    published = read_engine_config(args.engine_dir).get("model_type") == "inkling_mm_model"
-    text = TEXT_PROMPT if published else PROMPT  # the real Inkling's placeholders and markers
+    text = TEXT_PROMPT
     images, audios = [demo_png()], [demo_wav()]
     what = " + a 48x40 PNG + a 1 s 440 Hz WAV"
     with TritonServer(cfg):

@@ -29,19 +29,13 @@ class EncoderModel:
         self.output_name = cfg["output"][0]["name"]
         engine = read_engine_config(engine_dir)
         self.dtype = getattr(torch, engine["dtype"])
-        self.published = engine.get("model_type") == "inkling_mm_model"
-        if self.published:  # the real Inkling's towers: pixel values [N, 2, 40, 40, 3], levels [F, mel_bins]
-            audio, vision = (
-                engine["pretrained_config"]["audio_config"],
-                engine["pretrained_config"]["vision_config"],
-            )
-            self.num_mels, self.num_levels, self.frame_stack = audio["n_mel_bins"], audio["mel_vocab_size"], 1
-            self.patch_shape = (vision["temporal_patch_size"], vision["patch_size"], vision["patch_size"], 3)
-        else:
-            audio = engine["pretrained_config"]["audio"]
-            self.num_mels, self.num_levels = audio["num_mels"], audio["num_levels"]
-            self.frame_stack = audio["frame_stack"]
-            self.patch_shape = (16, 16, 3)
+        # The towers' inputs: pixel values [N, 2, 40, 40, 3], dMel levels [F, mel_bins]
+        audio, vision = (
+            engine["pretrained_config"]["audio_config"],
+            engine["pretrained_config"]["vision_config"],
+        )
+        self.num_mels, self.num_levels = audio["n_mel_bins"], audio["mel_vocab_size"]
+        self.patch_shape = (vision["temporal_patch_size"], vision["patch_size"], vision["patch_size"], 3)
         path = os.path.join(engine_dir, f"rank0.{self.program_name}.pt2")
         # An indexed device: the programs assert their input's device, and cuda != cuda:0.
         self.device = torch.device(
@@ -64,7 +58,7 @@ class EncoderModel:
         try:
             x = torch.from_numpy(np.ascontiguousarray(require(request, self.input_name)))
             self._check(x)
-            if x.shape[0 if self.program_name == "vision" or self.published else 1] == 0:
+            if x.shape[0] == 0:
                 out = torch.zeros(0, 0)
             else:
                 out = self.program(x.to(self.device, self.dtype if x.is_floating_point() else x.dtype))
@@ -82,14 +76,8 @@ class EncoderModel:
             if not torch.isfinite(x).all():
                 raise RequestError("image patches hold non-finite values")
             return
-        if self.published:
-            if x.dim() != 2 or x.shape[1] != self.num_mels:
-                raise RequestError(f"audio levels must be [F, {self.num_mels}], got {list(x.shape)}")
-        elif x.dim() != 2 or x.shape[0] != self.num_mels or x.shape[1] % self.frame_stack:
-            raise RequestError(
-                f"audio levels must be [{self.num_mels}, F], F a multiple of {self.frame_stack}, "
-                f"got {list(x.shape)}"
-            )
+        if x.dim() != 2 or x.shape[1] != self.num_mels:
+            raise RequestError(f"audio levels must be [F, {self.num_mels}], got {list(x.shape)}")
         if x.numel() and (x.min() < 0 or x.max() >= self.num_levels):
             raise RequestError(f"audio levels must lie in [0, {self.num_levels})")
 

@@ -199,11 +199,7 @@ def template_values(cfg: ServeConfig) -> dict[str, str]:
         "max_audio_bytes": str(cfg.max_audio_bytes),
         "max_audio_seconds": str(cfg.max_audio_seconds),
     }
-    # One image patch: the earlier model's 16x16 pixels, the real Inkling's 40x40 duplicated in time.
-    from builder.engine import read_engine_config
-
-    published = read_engine_config(os.fspath(cfg.engine_dir)).get("model_type") == "inkling_mm_model"
-    values["image_patch_dims"] = "2, 40, 40, 3" if published else "16, 16, 3"
+    values["image_patch_dims"] = "2, 40, 40, 3"  # one image patch: 40x40 pixels duplicated in time
     defaults = {"preprocessing": 1, "image_encoder": 1, "audio_encoder": 1}
     for model, count in {**defaults, **cfg.instances}.items():
         values[f"{model}_instances"] = str(count)

@@ -1,5 +1,5 @@
-"""`make demo`: a text+image+audio prompt through the tiny engine (runtime), checked against the
-reference model on the same checkpoint.
+"""`make demo`: a text+image+audio prompt through the tiny engine (runtime), checked against transformers
+on the same checkpoint.
 
     python -m runtime.demo --engine_dir build/engine-tiny --model_dir build/inkling-tiny-nvfp4
 """
@@ -11,8 +11,7 @@ import time
 
 import torch
 
-from inkling.demo import PROMPT, demo_png, demo_wav
-from inkling.model import InklingReference
+from inkling.demo import demo_png, demo_wav
 
 from .llm import LLM
 from .params import SamplingParams
@@ -22,33 +21,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine_dir", required=True)
     ap.add_argument(
-        "--model_dir", help="the checkpoint the engine was built from, to check against the reference"
+        "--model_dir", help="the checkpoint the engine was built from, to check against transformers"
     )
     ap.add_argument("--max_tokens", type=int, default=16)
-    args = ap.parse_args(argv)
-
-    llm = LLM(args.engine_dir)
-    if llm.engine.runner.engine.is_published:
-        return published_demo(llm, args)
-    request = {"text": PROMPT, "images": [demo_png()], "audios": [demo_wav()]}
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
-    start = time.perf_counter()
-    out = llm.generate(request, params)[0]
-    elapsed = time.perf_counter() - start
-    print(f"prompt: {PROMPT!r} + a 48x40 PNG + a 1 s 440 Hz WAV ({out.prompt_tokens} tokens)")
-    print(f"engine tokens: {out.token_ids}")
-    print(f"engine text:   {out.text!r}")
-    print(f"({out.completion_tokens} tokens in {elapsed:.2f} s; random weights, so the text is noise)")
-    if args.model_dir:
-        ref = InklingReference.from_pretrained(args.model_dir, dtype=torch.float32)
-        prompt = llm.processor(request["text"], request["images"], request["audios"])
-        want = ref.generate(
-            prompt.input_ids, args.max_tokens, prompt.images, prompt.audios, stop_ids=[]
-        ).tolist()
-        same = sum(a == b for a, b in zip(out.token_ids, want))
-        print(f"reference:     {want}")
-        print(f"agreement: {same}/{len(want)} tokens ({llm.engine.config.torch_dtype} checkpoint, "
-              f"{llm.engine.runner.dtype} engine: bf16 rounding may flip near-ties)")  # fmt: skip
+    demo(LLM((args := ap.parse_args(argv)).engine_dir), args)
 
 
 TEXT_PROMPT = (
@@ -81,7 +57,7 @@ def reference_greedy(model, prompt, max_tokens: int) -> list[int]:
     return out[0, len(prompt.input_ids) :].tolist()
 
 
-def published_demo(llm: LLM, args: argparse.Namespace) -> None:
+def demo(llm: LLM, args: argparse.Namespace) -> None:
     """The real Inkling: text, a picture and a sound, the media framed by their marker tokens; checked
     against transformers on the checkpoint the engine was built from (NVFP4: its experts dequantized),
     given the same pixel values and dMel levels."""

@@ -9,10 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from builder.build import head_conv_channels
 from builder.config import BuildConfig
-from builder.sharding import TensorParallel
-from inkling.config import InklingConfig
 
 MAX_SNAPSHOTS = 1024  # sconv snapshot slots of prefix-cache restore points
 
@@ -40,42 +37,6 @@ class DeviceState:
     @classmethod
     def allocate(
         cls,
-        config: InklingConfig,
-        build: BuildConfig,
-        pool_size: int,
-        tp: TensorParallel,
-        num_blocks: int,
-        num_heads: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> DeviceState:
-        """Zeroed tensors; S = K - 1 + max_draft_len rows of sconv history (a rollback's margin), and
-        min(num_blocks, MAX_SNAPSHOTS) snapshot slots: each holds K - 1 rows of every site (on inkling-1t
-        about 2.8 MB), so their number is capped, not one per block."""
-
-        def zeros(*shape: int) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        kv = (num_blocks, build.tokens_per_block, tp.num_kv_heads, config.head_dim)
-        rows, slots = config.sconv_kernel_size - 1 + build.max_draft_len, build.max_batch_size
-        channels = tp.conv_channels()
-        return cls(
-            key_caches=[zeros(*kv) for _ in range(pool_size)],
-            value_caches=[zeros(*kv) for _ in range(pool_size)],
-            conv_states=[zeros(slots, rows, C) for C in channels],
-            head_key_caches=[zeros(*kv) for _ in range(num_heads)],
-            head_value_caches=[zeros(*kv) for _ in range(num_heads)],
-            head_conv_states=[
-                [zeros(slots, rows, C) for C in head_conv_channels(config, tp)] for _ in range(num_heads)
-            ],
-            snapshots=[
-                zeros(min(num_blocks, MAX_SNAPSHOTS), config.sconv_kernel_size - 1, C) for C in channels
-            ],
-        )
-
-    @classmethod
-    def allocate_published(
-        cls,
         layout: dict,
         build: BuildConfig,
         num_blocks: int,
@@ -84,7 +45,7 @@ class DeviceState:
         cache_blocks: list[int] | None = None,
         head_blocks: int | None = None,
     ) -> DeviceState:
-        """The real Inkling's state (builder/published_build.py `cache_layout`): each cache with its kind's
+        """Zeroed state (builder/build.py `cache_layout`): each cache with its kind's
         KV heads (full and sliding layers differ) and cache_blocks[i] blocks (default num_blocks: its
         kind's pool, runtime/block_manager.py), sconv states and snapshots in float32 as transformers
         keeps them; each built MTP depth's KV cache (its kind's KV heads, indexed by the block ids of

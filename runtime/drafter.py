@@ -18,7 +18,7 @@ import torch
 
 from builder.config import BuildConfig
 from builder.contracts import HEAD, HEAD_PICK, HeadInputs, PickInputs
-from inkling.config import InklingConfig
+from inkling.published.config import InklingConfig
 
 from .block_manager import FREED
 from .device_state import DeviceState
@@ -110,9 +110,7 @@ class Heads:
     state: DeviceState
     num_real_tokens: int  # rows of lm_head a draft may pick (its tokenizer's)
     splice_row: torch.Tensor  # the media splice's dummy row [1, H]
-    # The real Inkling's muP multiplier: its depths' logits are unembed(h / mup), no norm (INKLING_SERVING
-    # §1.2); None: the earlier model's heads, their final norm then lm_head (`inkling::mtp_draft`)
-    mup: float | None = None
+    mup: float  # the muP multiplier: a depth's logits are unembed(h / mup), no norm (INKLING_SERVING §1.2)
 
 
 class Drafter:
@@ -144,7 +142,6 @@ class Drafter:
         # each (level, slot)'s ring as a view made once: a write or read is then one slice, not three
         self.rings = [list(ring.unbind(0)) for ring in self.hidden_ring]
         self.ring_end = [[0] * slots for _ in range(levels)]
-        self.draft_impl = engine_config["plugin_config"]["impls"].get("mtp_draft", "reference")
         # The draft pick's lm_head: every real row, or the rows of the engine's draft vocabulary (its own
         # copy, so a pick reads only those) and the ids they stand for.
         vocab = engine_config.get("draft_vocab") if self.num_heads else None
@@ -355,17 +352,11 @@ class Drafter:
         drafted[torch.where(pick_dst >= 0, pick_dst, drafted.shape[0] - 1)] = picked
 
     def _pick(self, weights: dict, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """The drafts of `out`'s rows `rows`, mapped through the draft vocabulary: `inkling::mtp_draft` with
-        the head's final norm; the real Inkling's, the argmax of unembed(h / muP) over the real tokens or
-        the vocabulary's (as its step's logits, in the engine's dtype)."""
-        if self.heads.mup is not None:
-            logits = out[rows] / self.heads.mup @ self.draft_lm_head[: self.num_draft_rows].T
-            picked = logits.float().argmax(-1)
-        else:
-            picked = torch.ops.inkling.mtp_draft(
-                out[rows], weights["final_layernorm.weight"], self.draft_lm_head, self.num_draft_rows,
-                self.config.rms_norm_eps, self.draft_impl,
-            )  # fmt: skip
+        """The drafts of `out`'s rows `rows`, mapped through the draft vocabulary: the argmax of
+        unembed(h / muP) over the real tokens or the draft vocabulary's (as the step's logits, in the
+        engine's dtype; INKLING_SERVING §1: no norm)."""
+        logits = out[rows] / self.heads.mup @ self.draft_lm_head[: self.num_draft_rows].T
+        picked = logits.float().argmax(-1)
         return picked if self.draft_ids is None else self.draft_ids[picked]
 
     def _head_args(

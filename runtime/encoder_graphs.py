@@ -1,12 +1,12 @@
 """The image and audio encoders as CUDA graphs, one per shape bucket (DESIGN.md "Runtime").
 
 At batch 1 an encoder is a handful of small kernels whose launches cost more than their work, so on
-CUDA the exported program is captured once per bucket of output rows (patches, or audio tokens of
-`frame_stack` frames) and replayed: the input is copied into the bucket's static buffer, the rest of
-which holds zeros or older rows, and the real rows are sliced off the static output. That is exact
-because every output row depends on its own input rows only (inkling/encoders.py: the hMLP works on
-each 16x16 patch alone, the dMel embedding on each frame and its projection on each frame_stack
-group); only the kernels a GEMM picks for another row count may round the last bit differently.
+CUDA the exported program is captured once per bucket of rows (image patches, or audio frames) and
+replayed: the input is copied into the bucket's static buffer, the rest of which holds zeros or older
+rows, and the real rows are sliced off the static output. That is exact because every output row depends
+on its own input row only (inkling/published/towers.py: the vision tower works on each patch alone, the
+audio embedding on each frame); only the kernels a GEMM picks for another row count may round the last
+bit differently.
 Inputs beyond the largest bucket, or not of the captured shape, dtype or device, run eager, and so
 does everything on the CPU.
 """
@@ -25,9 +25,9 @@ WARMUP_RUNS = 3  # eager runs on a side stream before a capture (cuBLAS handles,
 class GraphedEncoder:
     """`program(x)` for an encoder program (`engine.programs[kind].module()`), replayed from CUDA graphs.
 
-    kind: "vision" (input [N, 16, 16, 3] in `dtype` -> [N, H]) or "audio" (int64 [num_mels, F],
-    F = frame_stack * N -> [N, H]). engine_config: the engine's config.json (`Engine.config`), which
-    gives the input layout and the program's largest N. buckets: row counts to capture, clipped to that
+    kind: "vision" (pixel values [N, 2, 40, 40, 3] in `dtype` -> [N, H]) or "audio" (int64 dMel levels
+    [N, mel_bins] -> [N, H]). engine_config: the engine's config.json (`Engine.config`), whose `encoders`
+    give the input layout and the program's largest N. buckets: row counts to capture, clipped to that
     largest N. use_graphs: default on CUDA only. pad_eager: without graphs, still pad to the bucket and
     slice (to test the padding on the CPU). One caller at a time: the static buffers are shared.
     """
@@ -46,26 +46,14 @@ class GraphedEncoder:
     ):
         self.program, self.kind = program, kind
         self.device = torch.device(device)
-        model = engine_config["pretrained_config"]
-        layout = engine_config.get("encoders", {}).get(kind)
-        if (
-            layout is not None
-        ):  # the real Inkling's towers (builder/published_build.py): one row per input row
-            self.shape, self.dim, self.step = list(layout["shape"]), layout["dim"], 1
-            self.in_dtype, max_rows = (
-                (dtype if layout["input"] == "float" else torch.long),
-                layout["max_rows"],
+        layout = engine_config["encoders"].get(kind)  # builder/build.py encoder_layout
+        if layout is None:
+            raise ValueError(
+                f"the engine has no {kind!r} encoder; it has {sorted(engine_config['encoders'])}"
             )
-        elif kind == "vision":
-            side = model["vision"]["max_image_side"] // 16
-            self.shape, self.dim, self.step, self.in_dtype = [0, 16, 16, 3], 0, 1, dtype
-            max_rows = side * side
-        elif kind == "audio":
-            audio = model["audio"]
-            self.shape, self.dim, self.step = [audio["num_mels"], 0], 1, audio["frame_stack"]
-            self.in_dtype, max_rows = torch.long, engine_config["build_config"]["max_input_len"]
-        else:
-            raise ValueError(f"encoder kind must be 'vision' or 'audio', got {kind!r}")
+        self.shape, self.dim = list(layout["shape"]), layout["dim"]
+        self.in_dtype = dtype if layout["input"] == "float" else torch.long
+        max_rows = layout["max_rows"]
         self.buckets = tuple(sorted({min(int(b), max_rows) for b in buckets if b > 0}))
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.pad_eager = pad_eager
@@ -76,7 +64,7 @@ class GraphedEncoder:
         bucket = self.bucket(x) if (self.use_graphs or self.pad_eager) else None
         if bucket is None:
             return self.program(x)
-        rows = x.shape[self.dim] // self.step
+        rows = x.shape[self.dim]
         if not self.use_graphs:
             padded = x.new_zeros(self.input_shape(bucket))
             padded.narrow(self.dim, 0, x.shape[self.dim]).copy_(x)
@@ -95,13 +83,13 @@ class GraphedEncoder:
         if any(s != e for d, (s, e) in enumerate(zip(x.shape, self.shape)) if d != self.dim):
             return None
         size = x.shape[self.dim]
-        if size == 0 or size % self.step:
+        if size == 0:
             return None
-        return next((b for b in self.buckets if b * self.step >= size), None)
+        return next((b for b in self.buckets if b >= size), None)
 
     def input_shape(self, bucket: int) -> list[int]:
         shape = list(self.shape)
-        shape[self.dim] = bucket * self.step
+        shape[self.dim] = bucket
         return shape
 
     def warmup(self) -> None:

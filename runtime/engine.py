@@ -441,11 +441,9 @@ class LLMEngine:
 
 
 def stop_token_ids(engine: Engine) -> set[int]:
-    """The ids that end a request: the config's EOS and, for the real Inkling, its generation_config.json's
-    (200006, `<|content_model_end_sampling|>`, on the published model)."""
+    """The ids that end a request: the config's EOS and its generation_config.json's (200006,
+    `<|content_model_end_sampling|>`, on the published model)."""
     config = engine.model_config
-    if not engine.is_published:
-        return {config.token_ids["eos"]} if "eos" in config.token_ids else set()
     ids = {config.eos_token_id} if config.eos_token_id is not None else set()
     eos = (engine.generation_config or {}).get("eos_token_id")
     ids |= set(eos) if isinstance(eos, list) else ({eos} if isinstance(eos, int) else set())

@@ -24,14 +24,14 @@ from typing import Any
 import torch
 
 from builder.engine import Engine, read_engine_config, world_size_of
-from inkling.processing import ProcessedPrompt, Processor
 from inkling.published.chat import ChatRenderer
+from inkling.published.processing import PreprocessorSettings, Processor, Prompt
 
 from .distributed import Workers
 from .engine import LLMEngine, PromptInput, StreamDelta
 from .params import SamplingParams
 
-PromptLike = str | dict | ProcessedPrompt | PromptInput
+PromptLike = str | dict | Prompt | PromptInput
 log = logging.getLogger("runtime.llm")
 
 
@@ -94,15 +94,10 @@ class LLM:
             overlap=overlap, max_prefill_pairs=max_prefill_pairs,
         )  # fmt: skip
         self.processor = self.chat_renderer = None
-        if self.engine.tokenizer and engine.is_published:
-            from inkling.published.processing import PreprocessorSettings
-            from inkling.published.processing import Processor as PublishedProcessor
-
+        if self.engine.tokenizer:
             settings = PreprocessorSettings.from_dict(engine.config.get("preprocessor", {}))
-            self.processor = PublishedProcessor(self.engine.config, self.engine.tokenizer, settings)
+            self.processor = Processor(self.engine.config, self.engine.tokenizer, settings)
             self.chat_renderer = ChatRenderer(self.engine.tokenizer)
-        elif self.engine.tokenizer:
-            self.processor = Processor(self.engine.config, self.engine.tokenizer)
         self._ids = itertools.count()
 
     def shutdown(self) -> None:
@@ -135,25 +130,14 @@ class LLM:
 
     def embed_media(self, prompt) -> PromptInput:
         c = self.engine.config
-        if self.engine.runner.engine.is_published:  # inkling.published.processing.Prompt
-            ids = prompt.input_ids
-            if not prompt.pixel_values and not prompt.audio_levels:
-                return PromptInput(ids)
-            rows = self.engine.runner.encode_published(prompt.pixel_values, prompt.audio_levels)
-            positions = torch.cat(
-                [(ids == c.image_token_id).nonzero().flatten(), (ids == c.audio_token_id).nonzero().flatten()]
-            )
-            return PromptInput(ids, rows, positions)
-        ids = prompt.input_ids
-        img, aud = self.engine.runner.encode_media(list(prompt.images), list(prompt.audios))
-        positions, rows = [], []
-        for kind, emb in (("image", img), ("audio", aud)):
-            if emb.shape[0]:
-                positions.append((ids == c.token_id(f"{kind}_pad")).nonzero().flatten())
-                rows.append(emb)
-        if not rows:
+        ids = prompt.input_ids  # inkling.published.processing.Prompt
+        if not prompt.pixel_values and not prompt.audio_levels:
             return PromptInput(ids)
-        return PromptInput(ids, torch.cat(rows), torch.cat(positions))
+        rows = self.engine.runner.encode_media(prompt.pixel_values, prompt.audio_levels)
+        positions = torch.cat(
+            [(ids == c.image_token_id).nonzero().flatten(), (ids == c.audio_token_id).nonzero().flatten()]
+        )
+        return PromptInput(ids, rows, positions)
 
     # Generation.
     def generate(
@@ -165,7 +149,7 @@ class LLM:
         fails while it is served comes back with finish_reason "error" and its `error`; the others are
         unaffected. Should the engine itself fail, these requests are aborted before the error propagates,
         so the LLM stays usable."""
-        if isinstance(prompts, (str, dict, ProcessedPrompt, PromptInput)):
+        if isinstance(prompts, (str, dict, Prompt, PromptInput)):
             prompts = [prompts]
         params_list = (
             list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)

@@ -19,13 +19,10 @@ import torch
 import torch.distributed as dist
 
 import plugins  # noqa: F401  (the programs call torch.ops.inkling.*)
-from builder.build import head_weights
 from builder.contracts import STEP, StepInputs
 from builder.engine import Engine
-from builder.published_network import depth_weights
-from builder.sharding import DRAFT_LM_HEAD, TensorParallel
+from builder.network import depth_weights
 from builder.tensor_parallel import DRAFT_UNEMBED
-from inkling.processing import image_patches
 
 from .block_manager import FREED, fit_pools, kind_pools, pool_peaks
 from .device_state import MAX_SNAPSHOTS, DeviceState, layout_k1, layout_rows
@@ -51,7 +48,7 @@ from .step_graphs import (
 log = logging.getLogger("runtime.model_runner")
 
 
-LM_HEAD = {False: "lm_head.weight", True: "model.llm.unembed.weight"}  # the earlier model's, the real one's
+UNEMBED = "model.llm.unembed.weight"
 
 
 def fed_tokens(seq: Sequence, drafts: list[int], start: int, n: int) -> list[int]:
@@ -111,10 +108,6 @@ class ModelRunner:
         cuda_graphs: replay decode/verify steps and MTP head passes from CUDA graphs per (batch, tokens)
         bucket (runtime/step_graphs.py); None: default_cuda_graphs decides. pad_eager (tests): pad them to
         the buckets but run eager. compile: torch.compile the programs (None: as the engine was built)."""
-        if engine.world_size > 1 and not engine.is_published:
-            raise ValueError(
-                "the earlier model's tensor-parallel engines are retired: rebuild from a real Inkling checkpoint"
-            )
         if engine.world_size > 1 and engine.rank == 0 and workers is None:
             raise ValueError(
                 f"this engine runs on {engine.world_size} ranks: run it with LLM(engine_dir), "
@@ -127,8 +120,6 @@ class ModelRunner:
         self.device = torch.device(device or engine.device)
         self.dtype = getattr(torch, engine.config["dtype"])
         self.workers = workers
-        # The real Inkling's engines are one rank (builder/published_build.py): no tensor-parallel sizes.
-        self.tp = None if engine.is_published else TensorParallel(c, engine.tp_size)
         self.block_size = bc.tokens_per_block
         self.K1 = c.sconv_kernel_size - 1
         self.state_rows = self.K1 + bc.max_draft_len
@@ -138,10 +129,10 @@ class ModelRunner:
         # not a whole table per group (at 1M tokens and 2,048-token chunks: 162 blocks, not 65,536).
         chunk = max(self.block_size, bc.max_num_tokens // self.block_size * self.block_size)  # Scheduler's
         windows = self.layout["group_windows"]
-        # The real Inkling's groups draw from a pool per attention kind (runtime/block_manager.py "Pools"),
-        # and each kind's caches, the MTP depths' with group 0's, hold their pool's blocks alone. A
-        # num_blocks given by the caller is one pool that the kinds share, as sized.
-        pooled = engine.is_published and not num_blocks
+        # The groups draw from a pool per attention kind (runtime/block_manager.py "Pools"), and each
+        # kind's caches, the MTP depths' with group 0's, hold their pool's blocks alone. A num_blocks given
+        # by the caller is one pool that the kinds share, as sized.
+        pooled = not num_blocks
         self.group_pools = kind_pools(windows) if pooled else [0] * len(windows)
         per_pool = pool_peaks(
             windows, self.group_pools, self.block_size, bc.max_draft_len, bc.max_seq_len, chunk
@@ -166,12 +157,10 @@ class ModelRunner:
         # A rank without the depths (a worker of a multi-rank real Inkling) holds no state for them
         depth_keys = ("mtp_kv_heads", "mtp_head_dims", "mtp_conv_channels")
         self.layout = {k: v[: self.num_heads] if k in depth_keys else v for k, v in self.layout.items()}
-        weights_of = depth_weights if engine.is_published else (lambda w, d: head_weights(w, d + 1))
-        self.head_weights = [weights_of(weights, d) for d in range(self.num_heads)]
-        # The draft pick's lm_head: the whole one (a tensor-parallel rank 0 keeps it beside its vocabulary
-        # slice: builder/tensor_parallel.py; the earlier model's every rank, builder/sharding.py).
-        draft_head = DRAFT_UNEMBED if engine.is_published else DRAFT_LM_HEAD
-        self.lm_head = weights.get(draft_head, self.weights[LM_HEAD[engine.is_published]])
+        self.head_weights = [depth_weights(weights, d) for d in range(self.num_heads)]
+        # The draft pick's unembedding: the whole one (a tensor-parallel rank 0 keeps it beside its
+        # vocabulary slice: builder/tensor_parallel.py).
+        self.lm_head = weights.get(DRAFT_UNEMBED, self.weights[UNEMBED])
         programs = Programs.load(engine, self.device, self.dtype, bool(self.num_heads), compile)
         self.step, self.head, self.vision, self.audio = (
             programs.step,
@@ -180,30 +169,18 @@ class ModelRunner:
             programs.audio,
         )
         self.compiled = programs.compiled
-        if engine.is_published:  # one program per attention kind, picked by the depth's weights
-            self.head = (
-                DepthPrograms(self.head, self.head_weights, list(c.mtp.layer_types[: self.num_heads]))
-                if self.num_heads
-                else None
-            )
+        # one program per attention kind, picked by the depth's weights
+        self.head = (
+            DepthPrograms(self.head, self.head_weights, list(c.mtp.layer_types[: self.num_heads]))
+            if self.num_heads
+            else None
+        )
         if pooled and self.device.type == "cuda":
             self._fit_pools_to_memory(per_pool)
-        if engine.is_published:
-            self.state = DeviceState.allocate_published(
-                self.layout, bc, self.num_blocks, self.device, self.dtype,
-                cache_blocks=self._cache_blocks(), head_blocks=self.pool_sizes[0],
-            )  # fmt: skip
-        else:
-            self.state = DeviceState.allocate(
-                c,
-                bc,
-                self.layout["pool_size"],
-                self.tp,
-                self.num_blocks,
-                self.num_heads,
-                self.device,
-                self.dtype,
-            )
+        self.state = DeviceState.allocate(
+            self.layout, bc, self.num_blocks, self.device, self.dtype,
+            cache_blocks=self._cache_blocks(), head_blocks=self.pool_sizes[0],
+        )  # fmt: skip
         st = self.state
         self.key_caches, self.value_caches, self.conv_states = st.key_caches, st.value_caches, st.conv_states
         self.head_key_caches, self.head_value_caches = st.head_key_caches, st.head_value_caches
@@ -219,7 +196,7 @@ class ModelRunner:
         self.splice_row = torch.zeros(1, c.hidden_size, dtype=self.dtype, device=self.device)
         heads = Heads(
             self.head, self.head_weights, self.lm_head, st, self.num_real_tokens, self.splice_row,
-            mup=c.text.logits_mup_width_multiplier if engine.is_published else None,
+            mup=c.text.logits_mup_width_multiplier,
         )  # fmt: skip
         # A one-rank engine keeps its block tables on the device (runtime/device_tables.py); the ranks of a
         # tensor-parallel one take rank 0's host tables with each step.
@@ -330,18 +307,7 @@ class ModelRunner:
 
     # Media.
     @torch.no_grad()
-    def encode_media(
-        self, images: list[torch.Tensor], audios: list[torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Embeddings of the image pads then the audio pads: ([Ni, H], [Na, H])."""
-        H = self.config.hidden_size
-        img = [self.vision(image_patches(x).to(self.device, self.dtype)) for x in images]
-        aud = [self.audio(x.to(self.device)) for x in audios]
-        empty = torch.zeros(0, H, dtype=self.dtype, device=self.device)
-        return (torch.cat(img) if img else empty), (torch.cat(aud) if aud else empty)
-
-    @torch.no_grad()
-    def encode_published(self, pixel_values: list[torch.Tensor], levels: list[torch.Tensor]) -> torch.Tensor:
+    def encode_media(self, pixel_values: list[torch.Tensor], levels: list[torch.Tensor]) -> torch.Tensor:
         """The real Inkling's media embeddings, images' then audio clips', in prompt order: [M, H]."""
         if (pixel_values and self.vision is None) or (levels and self.audio is None):
             raise ValueError("this engine has no vision tower or audio embedding: send text")
@@ -628,11 +594,7 @@ class ModelRunner:
             "rank": self.engine.rank,
             "weight_bytes": nbytes(self.weights.values())
             + nbytes(t for w in self.head_weights for t in w.values())
-            + (
-                0
-                if self.lm_head is self.weights[LM_HEAD[self.engine.is_published]]
-                else nbytes([self.lm_head])
-            ),
+            + (0 if self.lm_head is self.weights[UNEMBED] else nbytes([self.lm_head])),
             "kv_cache_shape": list(self.key_caches[0].shape),
             "kv_cache_bytes": nbytes(self.key_caches) + nbytes(self.value_caches),
             "conv_state_channels": [t.shape[-1] for t in self.conv_states],
@@ -650,12 +612,5 @@ class ModelRunner:
 
 
 def engine_vocab(engine: Engine) -> int:
-    """Tokens the engine can emit: its tokenizer's (padded vocabulary rows are never sampled), else the
-    model's vocabulary. The real Inkling's logits have its unpadded vocabulary's columns only."""
-    if engine.is_published:
-        return engine.model_config.text.num_real_tokens
-    if engine.tokenizer_json is None:
-        return engine.model_config.vocab_size
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_str(engine.tokenizer_json).get_vocab_size(with_added_tokens=True)
+    """Tokens the engine can emit: the unpadded vocabulary, whose columns alone the logits have."""
+    return engine.model_config.text.num_real_tokens

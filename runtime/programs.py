@@ -9,19 +9,19 @@ from typing import Any
 
 import torch
 
+from builder.build import head_program_name
 from builder.engine import Engine
-from builder.published_build import head_program_name
 
 from .encoder_graphs import GraphedEncoder
 
 
 @dataclass
 class Programs:
-    """The callables the runner steps: the step program, the MTP head program (None without heads), and
-    the encoders (None on a tensor-parallel worker: rank 0 encodes media)."""
+    """The callables the runner steps: the step program, the MTP depths' programs by name, and the
+    encoders (None on a tensor-parallel worker: rank 0 encodes media)."""
 
     step: Any
-    head: Any  # the earlier model's head program; the real Inkling's by name ({} without heads)
+    head: dict[str, Any]  # the MTP depths' programs by name ({} without depths)
     vision: GraphedEncoder | None
     audio: GraphedEncoder | None
     compiled: bool
@@ -34,8 +34,7 @@ class Programs:
         compile), seeded with the compiler cache artifacts the build saved."""
         compiled = engine.build_config.compile if compile is None else compile
         step = program_on_device(engine.programs["step"], device).module()
-        # The head program(s): the earlier model's one, or the real Inkling's one per attention kind
-        # (builder/published_build.py), by name
+        # The MTP depths' programs, one per attention kind (builder/build.py), by name
         head = {
             name: program_on_device(p, device).module()
             for name, p in engine.programs.items()
@@ -47,8 +46,6 @@ class Programs:
             step = torch.compile(step, dynamic=True)
             # as the step: Inductor fuses the head's small ops
             head = {name: torch.compile(h, dynamic=True) for name, h in head.items()}
-        if not engine.is_published:
-            head = head.get("mtp_head")
         vision, audio = (
             GraphedEncoder(
                 program_on_device(engine.programs[k], device).module(),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from builder.config import BuildConfig
-from inkling.config import InklingConfig
+from inkling.published.config import InklingConfig
 
 from .block_manager import BlockManager
 from .outputs import OutputProcessor, RequestState

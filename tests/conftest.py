@@ -15,27 +15,20 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from inkling.synth import synthesize
+from inkling.published.config import preset
+from inkling.published.synth import write_checkpoint
 
 TINY_SEED = 0
 
 
 @pytest.fixture(scope="session")
 def tiny_ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """`python -m inkling.synth --preset inkling-tiny --seed 0`: the earlier, invented model's bf16 tiny
-    checkpoint (read-only), for its converter and unit tests until they retire; the real
-    Inkling's engines are tests/e2e/conftest.py's."""
-    out = tmp_path_factory.mktemp("ckpt") / "inkling-tiny"
-    synthesize(out, "inkling-tiny", TINY_SEED)
-    return str(out)
-
-
-@pytest.fixture(scope="session")
-def tiny_nvfp4_ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The same with `--nvfp4`: routed experts in the NVFP4 layout of INKLING_SPEC §9 (read-only)."""
-    out = tmp_path_factory.mktemp("ckpt") / "inkling-tiny-nvfp4"
-    synthesize(out, "inkling-tiny", TINY_SEED, nvfp4=True)
-    return str(out)
+    """`python -m inkling.published.synth --preset inkling-tiny --seed 0`: a BF16 checkpoint in the published
+    layout with its trained toy tokenizer (read-only); the NVFP4 one the engines build from is
+    tests/e2e/conftest.py's."""
+    return write_checkpoint(
+        tmp_path_factory.mktemp("ckpt") / "inkling-tiny", preset("inkling-tiny"), TINY_SEED
+    )
 
 
 # The longest CPU cases, run by `make test-slow` rather than in CI's `make test` (2 cores, 20 minutes):
@@ -75,8 +68,6 @@ SLOW = {
     # and the engine on a stub thread; the module's server (engine in its own process) stays in CI
     "tests/e2e/test_serving.py::test_make_serve_binds_localhost_and_stops_cleanly",
     "tests/e2e/test_serving.py::test_engine_on_a_stub_thread_equals_in_process",
-    # the MTP benchmark's smoke run (the earlier model's heads; bench.e2e's MTP part runs the real depths in CI)
-    "tests/e2e/test_bench_smoke.py::test_mtp_benchmark_smoke",
     # soaks (27-58 s): test_runtime's random soak with cancellations and the overlapped steps' equality test
     # stay in CI
     "tests/e2e/test_soak.py::test_short_requests_leave_nothing_behind",
@@ -91,10 +82,9 @@ SLOW = {
     "tests/e2e/test_onnx_export.py::test_functional_program_matches_in_place_program",
     # bench.long_context's smoke run (11 s); the GPU session runs the script itself
     "tests/e2e/test_bench_smoke.py::test_long_context_benchmark_smoke",
-    # tensor parallelism over gloo (16-24 s): Triton serving of a tp 2 engine, replicated KV heads; the tp 2
+    # tensor parallelism over gloo (16-24 s): Triton serving of a tp 2 engine; the tp 2
     # LLM's tokens and logits against tp 1 stay in CI
     "tests/e2e/test_tp.py::test_triton_serves_a_tp2_engine",
-    "tests/e2e/test_tp.py::test_fewer_kv_heads_than_ranks_are_replicated",
 }
 
 

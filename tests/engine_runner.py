@@ -36,25 +36,12 @@ class EngineRunner:
         return self.runner.weights
 
     def media_embeddings(self, prompt) -> tuple[torch.Tensor, torch.Tensor]:
-        """(embeddings [M, H], positions [M]) of the prompt's image and audio pad tokens: a Prompt here (the
-        earlier model's raw media) or the real Inkling's processed one (inkling.published.processing)."""
-        ids = prompt.input_ids
-        if hasattr(prompt, "pixel_values"):
-            c = self.config
-            rows = self.runner.encode_published(prompt.pixel_values, prompt.audio_levels)
-            positions = torch.cat(
-                [(ids == t).nonzero().flatten() for t in (c.image_token_id, c.audio_token_id)]
-            )
-            return rows, positions.to(self.device)
-        img, aud = self.runner.encode_media(prompt.images, prompt.audios)
-        rows, positions = [], []
-        for kind, emb in (("image", img), ("audio", aud)):
-            pos = (ids == self.config.token_id(f"{kind}_pad")).nonzero().flatten()
-            if emb.shape[0] != len(pos):
-                raise ValueError(f"{kind}s give {emb.shape[0]} embeddings for {len(pos)} pad tokens")
-            rows.append(emb)
-            positions.append(pos)
-        return torch.cat(rows), torch.cat(positions).to(self.device)
+        """(embeddings [M, H], positions [M]) of a processed prompt's image and audio pad tokens
+        (inkling.published.processing.Prompt)."""
+        ids, c = prompt.input_ids, self.config
+        rows = self.runner.encode_media(prompt.pixel_values, prompt.audio_levels)
+        positions = torch.cat([(ids == t).nonzero().flatten() for t in (c.image_token_id, c.audio_token_id)])
+        return rows, positions.to(self.device)
 
     def _first_block(self, b: int, group: int) -> int:
         """Every (group, sequence) owns a contiguous range of blocks."""

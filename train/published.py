@@ -26,14 +26,13 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
-from inkling.checkpoint import GENERATION_CONFIG_FILE, ShardedWriter
+from inkling.checkpoint import GENERATION_CONFIG_FILE, ShardedWriter, atomic_checkpoint_dir
 from inkling.published.config import FULL, SLIDING, InklingConfig, preset
 from inkling.published.layout import checkpoint_tensors
 from inkling.published.mtp import _RENAMES, _W13
 from inkling.published.processing import PREPROCESSOR_FILE, PreprocessorSettings
 from inkling.published.synth import synth_tensor
 from inkling.published.tokens import build_tiny_tokenizer, save_tokenizer
-from inkling.synth import atomic_checkpoint_dir
 
 from .data import Mixture
 from .loop import add_arguments, fit, needle_accuracy, weighted_ce

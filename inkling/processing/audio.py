@@ -1,4 +1,4 @@
-"""Audio preprocessing (INKLING_SPEC §7): WAV bytes -> mono float32 at 16 kHz -> dMel levels [num_mels, F_pad].
+"""Audio decoding: WAV bytes -> mono float32 samples and their rate; resampling to the model's rate.
 
 `load_audio` also takes FLAC, MP3 and Ogg (Vorbis, Opus), decoded by libsndfile through the
 `soundfile` package where it is installed (the CPU venv has it); WAV never needs it.
@@ -15,10 +15,7 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-from inkling.config import AudioConfig
 from inkling.processing.errors import ProcessingError
 
 DEFAULT_MAX_AUDIO_BYTES = 256 * 2**20
@@ -192,91 +189,3 @@ def resample_to(wave: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
         return wave
     g = math.gcd(orig_sr, target_sr)
     return scipy.signal.resample_poly(wave, target_sr // g, orig_sr // g).astype(np.float32, copy=False)
-
-
-def mel_filterbank(
-    n_freqs: int = 201,
-    f_min: float = 0.0,
-    f_max: float = 8000.0,
-    n_mels: int = 80,
-    sample_rate: int = 16000,
-) -> torch.Tensor:
-    """Triangular HTK-mel filters, no normalisation: [n_freqs, n_mels] float32, the same values as
-    torchaudio.functional.melscale_fbanks(n_freqs, f_min, f_max, n_mels, sample_rate, None, "htk")."""
-    bin_freqs = torch.linspace(0, sample_rate // 2, n_freqs, dtype=torch.float32)  # [n_freqs]
-    mel_pts = torch.linspace(_hz_to_mel(f_min), _hz_to_mel(f_max), n_mels + 2, dtype=torch.float32)
-    hz_pts = 700.0 * (10.0 ** (mel_pts / 2595.0) - 1.0)  # [n_mels + 2] edges and centres
-    widths = hz_pts[1:] - hz_pts[:-1]  # [n_mels + 1]
-    offsets = hz_pts[None, :] - bin_freqs[:, None]  # [n_freqs, n_mels + 2]
-    rising = -offsets[:, :-2] / widths[:-1]  # (f - left) / (centre - left)
-    falling = offsets[:, 2:] / widths[1:]  # (right - f) / (right - centre)
-    return torch.clamp(torch.minimum(rising, falling), min=0.0)
-
-
-def _hz_to_mel(freq: float) -> float:
-    return 2595.0 * math.log10(1.0 + freq / 700.0)
-
-
-def dmel_levels(wave: torch.Tensor, audio_cfg: AudioConfig) -> torch.Tensor:
-    """Mono float waveform at audio_cfg.sample_rate [samples] -> dMel levels [num_mels, F_pad] int64.
-
-    F = 1 + samples // hop_length (after right-padding a short wave to n_fft samples); F_pad rounds
-    F up to a multiple of frame_stack with frames whose levels are all 0."""
-    if wave.dim() != 1:
-        raise ProcessingError(f"waveform must be 1-D, got shape {list(wave.shape)}")
-    cfg = audio_cfg
-    wave = wave.to(torch.float32)
-    if wave.numel() < cfg.n_fft:
-        wave = F.pad(wave, (0, cfg.n_fft - wave.numel()))
-    window = torch.hann_window(cfg.n_fft, periodic=True, dtype=torch.float32, device=wave.device)
-    spec = torch.stft(
-        wave,
-        n_fft=cfg.n_fft,
-        hop_length=cfg.hop_length,
-        win_length=cfg.n_fft,
-        window=window,
-        center=True,
-        pad_mode="reflect",
-        return_complex=True,
-    )
-    power = spec.abs().pow(2)  # [n_fft // 2 + 1, F]
-    fbank = mel_filterbank(cfg.n_fft // 2 + 1, 0.0, cfg.sample_rate / 2, cfg.num_mels, cfg.sample_rate)
-    mel = fbank.to(wave.device).T @ power  # [num_mels, F]
-    log_mel = torch.log(torch.clamp(mel, min=1e-10)).clamp(cfg.log_min, cfg.log_max)
-    scaled = (log_mel - cfg.log_min) / (cfg.log_max - cfg.log_min) * (cfg.num_levels - 1)
-    levels = torch.round(scaled).to(torch.int64)  # half to even
-    return F.pad(levels, (0, -levels.shape[1] % cfg.frame_stack))
-
-
-def num_audio_tokens(levels: torch.Tensor, frame_stack: int = 4) -> int:
-    """One token per frame_stack frames of the padded levels."""
-    return levels.shape[-1] // frame_stack
-
-
-def preprocess_audio(
-    data: bytes | bytearray | memoryview,
-    audio_cfg: AudioConfig,
-    *,
-    max_bytes: int = DEFAULT_MAX_AUDIO_BYTES,
-    max_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
-) -> torch.Tensor:
-    """WAV bytes -> dMel levels [num_mels, F_pad] int64."""
-    samples, sample_rate = load_wav(data, max_bytes=max_bytes, max_seconds=max_seconds)
-    samples = resample_to(samples, sample_rate, audio_cfg.sample_rate)
-    return dmel_levels(torch.from_numpy(samples), audio_cfg)
-
-
-def check_levels(levels: torch.Tensor, audio_cfg: AudioConfig) -> torch.Tensor:
-    """Validate already-computed dMel levels; raise ProcessingError if they are not."""
-    cfg = audio_cfg
-    if levels.dtype != torch.int64 or levels.dim() != 2 or levels.shape[0] != cfg.num_mels:
-        raise ProcessingError(
-            f"levels must be int64 [{cfg.num_mels}, F_pad], got {levels.dtype} {list(levels.shape)}"
-        )
-    if levels.shape[1] == 0 or levels.shape[1] % cfg.frame_stack:
-        raise ProcessingError(
-            f"levels have {levels.shape[1]} frames, not a positive multiple of {cfg.frame_stack}"
-        )
-    if levels.min() < 0 or levels.max() >= cfg.num_levels:
-        raise ProcessingError(f"levels must lie in [0, {cfg.num_levels})")
-    return levels

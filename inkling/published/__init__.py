@@ -2,5 +2,4 @@
 
 transformers 5.23.0 (`transformers/models/inkling/`) is the numerical truth for the main model
 (../shared/INKLING_SPEC.md); INKLING_SERVING.md gives what it does not define (MTP, the NVFP4 files).
-The engine moves onto these definitions from the earlier model of our own (`inkling.config`).
 """

@@ -27,12 +27,12 @@ import argparse
 import math
 import os
 import sys
+import zlib
 from collections.abc import Iterator
 
 import torch
 
-from ..checkpoint import GENERATION_CONFIG_FILE, ShardedWriter
-from ..synth import _E2M1_MEAN_SQUARE, _generator, _normal, _random_bytes, _write_json, atomic_checkpoint_dir
+from ..checkpoint import GENERATION_CONFIG_FILE, ShardedWriter, atomic_checkpoint_dir, write_json
 from .config import InklingConfig, preset
 from .layout import NVFP4_GROUP, checkpoint_tensors
 from .processing import PREPROCESSOR_FILE, PreprocessorSettings
@@ -40,6 +40,34 @@ from .tokens import build_tiny_tokenizer, save_tokenizer
 
 MAX_TRAINED_VOCAB = 4096  # the real 200058-token tokenizer ships with the real checkpoint, not with synth
 _RESIDUAL_OUT = ("attn.wo_ud.weight", "mlp.w2_md.weight", "experts.w2_weight", "shared_w2_weight")
+
+
+_CHUNK = 1 << 24  # elements drawn per randn call: bounds the float32 temporary
+_E2M1_MEAN_SQUARE = sum(v * v for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)) / 8
+
+
+def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 63))
+    return g
+
+
+def _normal(shape, gen, device, std: float, mean: float = 0.0, dtype=torch.bfloat16) -> torch.Tensor:
+    """mean + std * N(0, 1) in `dtype`, drawn in float32 chunks of fixed size (deterministic, low memory)."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    flat = out.view(-1)
+    for start in range(0, flat.numel(), _CHUNK):
+        end = min(start + _CHUNK, flat.numel())
+        flat[start:end] = torch.randn(end - start, generator=gen, device=device).mul_(std).add_(mean)
+    return out
+
+
+def _random_bytes(shape, gen, device) -> torch.Tensor:
+    """Uniform random uint8 (full-range int64 draws viewed as bytes: 8x faster than uint8 draws)."""
+    n = math.prod(shape)
+    words = torch.empty((n + 7) // 8, dtype=torch.int64, device=device).random_(-(2**63), None, generator=gen)
+    data = words.view(torch.uint8)
+    return data.reshape(shape) if n % 8 == 0 else data[:n].reshape(shape).clone()
 
 
 def _uniform(shape, gen, device, lo: float, hi: float, dtype) -> torch.Tensor:
@@ -124,10 +152,10 @@ def write_checkpoint(
             c.text.num_real_tokens <= MAX_TRAINED_VOCAB
         ):  # a toy vocabulary gets a trained tokenizer of its size
             save_tokenizer(build_tiny_tokenizer(c.text.num_real_tokens), tmp)
-        _write_json(
+        write_json(
             os.path.join(tmp, PREPROCESSOR_FILE), PreprocessorSettings().to_dict()
         )  # the published settings
-        _write_json(
+        write_json(
             os.path.join(tmp, GENERATION_CONFIG_FILE), {"eos_token_id": c.eos_token_id, "max_new_tokens": 256}
         )
         with open(os.path.join(tmp, "README.md"), "w") as f:

@@ -9,6 +9,7 @@ Ids whose token no public source names are `<|unused_ID|>`, as 200053 and 200054
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 FIRST_SPECIAL_ID = 199998
 NUM_SPECIAL = 60  # 199998..200057
@@ -57,13 +58,18 @@ def tiny_token_ids(unpadded_vocab_size: int) -> dict[str, int]:
     return {k: tiny_id(v, unpadded_vocab_size) for k, v in ids.items()}
 
 
+def _training_text() -> Iterator[str]:
+    from pydoc_data.topics import topics
+
+    for key in sorted(topics):
+        yield topics[key]
+
+
 def build_tiny_tokenizer(unpadded_vocab_size: int):
-    """A byte-level BPE (trained deterministically on text that ships with Python, as inkling.tokenizer's)
+    """A byte-level BPE (trained deterministically on text that ships with Python, the Python docs' topics)
     of `unpadded_vocab_size - 60` ids, then the 60 special tokens at the real layout's places. Adds no
     BOS: the real tokenizer prepends nothing."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from ..tokenizer import _training_text
 
     base = unpadded_vocab_size - NUM_SPECIAL
     tok = Tokenizer(models.BPE())

@@ -91,6 +91,7 @@ def _edit_config(path, **changes):
     "damage, message",
     [
         (lambda p: _edit_config(p, version=99), "format version 99"),
+        (lambda p: _edit_config(p, model_type="inkling"), "earlier, invented model, which is retired"),
         (
             lambda p: _edit_config(p, plugin_config__ops__bank_attention__version=0),
             "plugin bank_attention version 0",

@@ -95,7 +95,7 @@ def test_the_ranks_parts_add_up_to_the_whole_moe(nvfp4):
     """The op on each rank's share (its experts at its offset, its slice of the shared width), summed over
     the ranks, is the one-rank MoE: every routed expert counted once, on its owner."""
     from builder.expert_parallel import ExpertParallel
-    from builder.published_network import engine_tensors
+    from builder.network import engine_tensors
     from inkling.published.synth import iter_tensors
     from plugins.moe import reference
 

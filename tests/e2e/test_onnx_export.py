@@ -13,8 +13,8 @@ import torch
 
 import plugins
 from builder import __main__ as cli
+from builder.build import cache_layout
 from builder.onnx_export import PLUGIN_DOMAIN, PLUGIN_DOMAIN_VERSION, export_onnx
-from builder.published_build import cache_layout
 
 
 def attrs(node: onnx.NodeProto) -> dict:
@@ -133,9 +133,9 @@ def test_external_weights(engine_bf16, tmp_path):
 def test_functional_program_matches_in_place_program(engine_bf16):
     """The twins' program (what the ONNX graph is made from) computes what the engine's in-place program
     does: the same outputs, and its cache and state outputs equal what the engine wrote."""
+    from builder.build import step_example
     from builder.contracts import STEP
     from builder.onnx_export import functionalize
-    from builder.published_build import step_example
 
     program = engine_bf16.programs["step"]
     functional = functionalize(program)

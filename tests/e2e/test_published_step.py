@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from builder.published_network import (
-    PublishedCacheLayout,
-    PublishedStepProgram,
+from builder.network import (
+    CacheLayout,
+    StepProgram,
     conv_channels,
     engine_tensors,
 )
@@ -41,8 +41,8 @@ class PagedRunner:
 
     def __init__(self, config, weights, max_seqs: int, max_len: int, impls: dict[str, str] = IMPLS):
         self.c, self.w = config, weights
-        self.program = PublishedStepProgram(config, impls)
-        self.layout = PublishedCacheLayout.of(config)
+        self.program = StepProgram(config, impls)
+        self.layout = CacheLayout.of(config)
         t = config.text
         self.blocks_per_seq, self.max_seqs = -(-max_len // BLOCK), max_seqs
         n_blocks = 1 + len(self.layout.group_kinds) * max_seqs * self.blocks_per_seq
@@ -119,7 +119,7 @@ PROMPTS = [
 
 def test_layout_groups_layers_by_kind(tiny):
     c, _, _ = tiny
-    lay = PublishedCacheLayout.of(c)
+    lay = CacheLayout.of(c)
     assert lay.pool_size == 2 and lay.group_kinds == (FULL, SLIDING, SLIDING, SLIDING)
     assert [lay.group_of_layer[i] for i in (3, 7)] == [0, 0] and lay.cache_kinds() == (FULL,) * 2 + (
         SLIDING,

@@ -1,4 +1,5 @@
-"""Checkpoint I/O: the streaming sharded writer and the validating reader (INKLING_SPEC §8, §9)."""
+"""Checkpoint I/O: the streaming sharded writer and the validating reader, on checkpoints of the real
+Inkling's published layout (inkling.published.checkpoint)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,15 @@ from safetensors.torch import load_file
 from inkling.checkpoint import (
     INDEX_FILE,
     CheckpointError,
-    CheckpointReader,
     ShardedWriter,
     load_generation_config,
     plan_shards,
     read_header,
 )
-from inkling.config import default_layer_types
-from inkling.synth import iter_synthetic_tensors, synth_config
-from inkling.tensors import expected_tensors
+from inkling.published.checkpoint import PublishedCheckpoint as CheckpointReader
+from inkling.published.config import preset
+from inkling.published.layout import checkpoint_tensors
+from inkling.published.synth import iter_tensors, write_checkpoint
 
 ALL_DTYPES = (
     torch.bfloat16,
@@ -129,36 +130,30 @@ def test_writer_rejects_unsupported_dtypes(tmp_path):
         ShardedWriter(tmp_path, {"x": ((2,), torch.complex64)})
 
 
-# Reader on a real (tiny) checkpoint.
+# Reader on a synthetic inkling-tiny checkpoint.
 
 
-def test_reader_matches_synth(tiny_ckpt_dir):
-    with CheckpointReader(tiny_ckpt_dir) as reader:
-        config = reader.config
-        specs = expected_tensors(config)
-        assert reader.keys() == list(specs)
-        for name, tensor in iter_synthetic_tensors(config, seed=0, residual_depth=6):
+def test_reader_matches_synth(tmp_path):
+    config = preset("inkling-tiny", nvfp4=True)
+    out = write_checkpoint(tmp_path / "tiny", config, seed=0)
+    with CheckpointReader(out) as reader:
+        specs = checkpoint_tensors(reader.config)
+        assert set(reader.keys()) == set(specs)
+        for name, tensor in iter_tensors(config, seed=0):
             assert reader.shape(name) == specs[name][0]
             assert reader.dtype(name) == specs[name][1]
             assert reader.nbytes(name) == tensor.numel() * tensor.itemsize
             assert reader.shard_of(name).endswith(".safetensors")
             assert torch.equal(_bits(reader.get(name)), _bits(tensor)), name
-
-
-def test_generation_config(tiny_ckpt_dir):
-    gen = load_generation_config(tiny_ckpt_dir)
-    config = CheckpointReader(tiny_ckpt_dir).config
-    assert gen["bos_token_id"] == config.token_ids["bos"]
-    assert gen["eos_token_id"] == config.token_ids["eos"]
-    assert gen["pad_token_id"] == config.token_ids["pad"]
-    assert gen["max_new_tokens"] > 0
+    gen = load_generation_config(out)
+    assert gen["eos_token_id"] == config.eos_token_id and gen["max_new_tokens"] > 0
 
 
 def test_reader_validates_without_reading_data(tmp_path):
-    """A bench-shaped layer whose shards are sparse files of the right size: opening reads only headers."""
-    config, _ = synth_config("inkling-bench", layers=1, mtp_heads=0, nvfp4=True)
-    config.save(tmp_path / "config.json")
-    specs = expected_tensors(config)
+    """inkling-bench's shards as sparse files of the right size: opening reads only headers."""
+    config = preset("inkling-bench", nvfp4=True)
+    config.save(tmp_path)
+    specs = checkpoint_tensors(config)
     plans = plan_shards(specs)
     for p in plans:
         with open(tmp_path / p.file_name, "wb") as f:
@@ -168,7 +163,8 @@ def test_reader_validates_without_reading_data(tmp_path):
     (tmp_path / INDEX_FILE).write_text(json.dumps(index))
     reader = CheckpointReader(tmp_path)
     assert reader.total_bytes > 13e9
-    assert reader.dtype("model.layers.0.mlp.experts.255.down_proj.weight_scale") == torch.float8_e4m3fn
+    layer = config.text.num_hidden_layers - 1
+    assert reader.dtype(f"model.llm.layers.{layer}.mlp.experts.w2_weight.scale") == torch.float8_e4m3fn
 
 
 # Reader errors. A small checkpoint written with one thing wrong.
@@ -176,11 +172,11 @@ def test_reader_validates_without_reading_data(tmp_path):
 
 @pytest.fixture(scope="module")
 def small_models():
-    """A one-layer, one-head tiny model in bf16 and NVFP4: (config, {name: tensor}) each."""
+    """inkling-tiny in BF16 and NVFP4: (config, {name: tensor}) each."""
     out = {}
     for nvfp4 in (False, True):
-        config, depth = synth_config("inkling-tiny", layers=1, mtp_heads=1, nvfp4=nvfp4)
-        out[nvfp4] = config, dict(iter_synthetic_tensors(config, seed=0, residual_depth=depth))
+        config = preset("inkling-tiny", nvfp4=nvfp4)
+        out[nvfp4] = config, dict(iter_tensors(config, seed=0))
     return out
 
 
@@ -195,7 +191,7 @@ def small(tmp_path, small_models):
             mutate(tensors)
         out = tmp_path / "ckpt"
         _write(out, tensors, max_shard_bytes=400_000)
-        config.save(out / "config.json")
+        config.save(out)
         return out
 
     return write
@@ -204,13 +200,15 @@ def small(tmp_path, small_models):
 def test_small_checkpoint_is_valid(tmp_path, small):
     out = small()
     reader = CheckpointReader(out)
-    assert reader.config.num_hidden_layers == 1
+    assert reader.config.text.num_hidden_layers == 8
     assert len({reader.shard_of(n) for n in reader.keys()}) > 1
 
 
 def test_missing_tensor(tmp_path, small):
-    out = small(lambda t: t.pop("model.layers.0.self_attn.rel_embed"))
-    with pytest.raises(CheckpointError, match=r"1 missing tensors: model\.layers\.0\.self_attn\.rel_embed"):
+    out = small(lambda t: t.pop("model.llm.layers.0.attn.rel_logits_proj.proj"))
+    with pytest.raises(
+        CheckpointError, match=r"1 missing tensors: model\.llm\.layers\.0\.attn\.rel_logits_proj\.proj"
+    ):
         CheckpointReader(out)
 
 
@@ -219,42 +217,42 @@ def test_many_missing_tensors_are_listed_briefly(tmp_path, small):
         for name in [n for n in t if ".mlp.experts." in n]:
             del t[name]
 
-    out = small(drop_experts)
-    with pytest.raises(CheckpointError, match=r"48 missing tensors: .*\.\.\. \(43 more\)"):
+    out = small(drop_experts)  # w13 and w2 of 6 MoE layers
+    with pytest.raises(CheckpointError, match=r"12 missing tensors: .*\.\.\. \(7 more\)"):
         CheckpointReader(out)
 
 
 def test_extra_tensor(tmp_path, small):
-    out = small(lambda t: t.update({"model.layers.1.input_layernorm.weight": torch.ones(256)}))
+    out = small(lambda t: t.update({"model.llm.layers.8.attn_norm.weight": torch.ones(64)}))
     with pytest.raises(
-        CheckpointError, match=r"1 unexpected tensors: model\.layers\.1\.input_layernorm\.weight"
+        CheckpointError, match=r"1 unexpected tensors: model\.llm\.layers\.8\.attn_norm\.weight"
     ):
         CheckpointReader(out)
 
 
 def test_wrong_shape(tmp_path, small):
-    name = "model.layers.0.mlp.router.weight"
+    name = "model.llm.layers.3.mlp.gate.weight"
     out = small(lambda t: t.update({name: t[name][:17]}))
     with pytest.raises(
         CheckpointError,
-        match=rf"{name}: expected \[18, 256\] torch.bfloat16, found \[17, 256\] torch.bfloat16",
+        match=rf"{name}: expected \[18, 64\] torch.bfloat16, found \[17, 64\] torch.bfloat16",
     ):
         CheckpointReader(out)
 
 
 def test_wrong_dtype(tmp_path, small):
-    name = "model.norm.weight"
+    name = "model.llm.norm.weight"
     out = small(lambda t: t.update({name: t[name].float()}))
     with pytest.raises(
-        CheckpointError, match=rf"{name}: expected \[256\] torch.bfloat16, found \[256\] torch.float32"
+        CheckpointError, match=rf"{name}: expected \[64\] torch.bfloat16, found \[64\] torch.float32"
     ):
         CheckpointReader(out)
 
 
 def test_wrong_dtype_nvfp4(tmp_path, small):
-    name = "model.layers.0.mlp.experts.3.up_proj.weight_scale"
+    name = "model.llm.layers.3.mlp.experts.w13_weight.scale"
     out = small(lambda t: t.update({name: t[name].to(torch.bfloat16)}), nvfp4=True)
-    with pytest.raises(CheckpointError, match=rf"{name}: expected \[64, 16\] torch.float8_e4m3fn, found"):
+    with pytest.raises(CheckpointError, match=rf"{name}: expected \[16, 64, 4\] torch.float8_e4m3fn, found"):
         CheckpointReader(out)
 
 
@@ -295,18 +293,18 @@ def test_index_disagrees_with_shards(tmp_path, small):
     out = small()
     index = json.loads((out / INDEX_FILE).read_text())
     shards = sorted(set(index["weight_map"].values()))
-    index["weight_map"]["model.norm.weight"] = (
-        shards[0] if index["weight_map"]["model.norm.weight"] != shards[0] else shards[1]
+    index["weight_map"]["model.llm.norm.weight"] = (
+        shards[0] if index["weight_map"]["model.llm.norm.weight"] != shards[0] else shards[1]
     )
     (out / INDEX_FILE).write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match="does not hold: model.norm.weight"):
+    with pytest.raises(CheckpointError, match="does not hold: model.llm.norm.weight"):
         CheckpointReader(out)
 
 
 def test_index_shard_outside_the_directory(tmp_path, small):
     out = small()
     index = json.loads((out / INDEX_FILE).read_text())
-    index["weight_map"]["model.norm.weight"] = "../model-00001-of-00002.safetensors"
+    index["weight_map"]["model.llm.norm.weight"] = "../model-00001-of-00002.safetensors"
     (out / INDEX_FILE).write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="not a file name in the directory"):
         CheckpointReader(out)
@@ -324,7 +322,7 @@ def test_config_not_inkling(tmp_path, small):
 def test_config_missing(tmp_path, small):
     out = small()
     (out / "config.json").unlink()
-    with pytest.raises(CheckpointError, match="no config.json"):
+    with pytest.raises(CheckpointError, match="config.json: no such file"):
         CheckpointReader(out)
 
 
@@ -332,9 +330,10 @@ def test_config_other_shape(tmp_path, small):
     """A config.json that does not describe the weights (more layers): the missing layer is named."""
     out = small()
     config = json.loads((out / "config.json").read_text())
-    config.update(num_hidden_layers=2, layer_types=list(default_layer_types(2)))
+    text = config["text_config"]
+    text.update(num_hidden_layers=9)  # layer 8 full, as local_layer_ids does not name it
     (out / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"missing tensors: model\.layers\.1\.input_layernorm\.weight"):
+    with pytest.raises(CheckpointError, match=r"missing tensors: model\.llm\.layers\.8\.attn_norm\.weight"):
         CheckpointReader(out)
 
 
@@ -352,8 +351,8 @@ def test_single_file_checkpoint(tmp_path, small):
     save_file(tensors, single / "model.safetensors", metadata={"format": "pt"})
     shutil.copy(out / "config.json", single / "config.json")
     reader = CheckpointReader(single)
-    assert reader.shard_of("model.norm.weight") == "model.safetensors"
-    assert torch.equal(_bits(reader.get("model.norm.weight")), _bits(tensors["model.norm.weight"]))
+    assert reader.shard_of("model.llm.norm.weight") == "model.safetensors"
+    assert torch.equal(_bits(reader.get("model.llm.norm.weight")), _bits(tensors["model.llm.norm.weight"]))
 
 
 def test_no_weights(tmp_path, small):

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from builder.build import export_encoders
+from builder.build import encoder_layout, export_towers
 from builder.config import BuildConfig
-from inkling.synth import iter_synthetic_tensors, synth_config
+from inkling.published.config import preset
+from inkling.published.synth import iter_tensors
 from runtime.encoder_graphs import GraphedEncoder
 
 HAS_CUDA = torch.cuda.is_available()
@@ -21,15 +22,15 @@ VISION_BUCKETS, AUDIO_BUCKETS = (2, 4, 8), (16, 32)
 
 
 def tiny_encoders(device: str, dtype: torch.dtype) -> tuple[dict, dict]:
-    """The tiny model's exported encoder programs and the engine config that describes them."""
-    config, _ = synth_config("inkling-tiny")
+    """inkling-tiny's exported towers and the engine config that describes them."""
+    config = preset("inkling-tiny")
     tensors = {
         name: t.to(device, dtype)
-        for name, t in iter_synthetic_tensors(config)
-        if name.startswith(("vision.", "audio."))
+        for name, t in iter_tensors(config)
+        if name.startswith(("model.visual.", "model.audio."))
     }
-    programs = export_encoders(config, BUILD, tensors, torch.device(device), dtype)
-    engine_config = {"pretrained_config": config.to_dict(), "build_config": BUILD.to_dict()}
+    programs = export_towers(config, BUILD, tensors, torch.device(device), dtype)
+    engine_config = {"encoders": encoder_layout(config, BUILD)}
     return {k: p.module() for k, p in programs.items()}, engine_config
 
 
@@ -39,12 +40,11 @@ def encoders() -> tuple[dict, dict]:
 
 
 def make_input(kind: str, rows: int, dtype: torch.dtype, device: str = "cpu", seed: int = 0) -> torch.Tensor:
+    """Pixel values [rows, 2, 40, 40, 3], or dMel levels [rows, 80] (inkling-tiny: 16 levels)."""
     g = torch.Generator(device=device).manual_seed(seed)
     if kind == "vision":
-        return torch.randn(rows, 16, 16, 3, generator=g, device=device).to(dtype)
-    return torch.randint(
-        0, 16, (80, 4 * rows), generator=g, device=device
-    )  # tiny: 80 mels, 16 levels, stack 4
+        return torch.randn(rows, 2, 40, 40, 3, generator=g, device=device).to(dtype)
+    return torch.randint(0, 16, (rows, 80), generator=g, device=device)
 
 
 class Spy:
@@ -62,12 +62,11 @@ def test_buckets_are_clipped_to_the_programs_largest_input(encoders):
     programs, engine_config = encoders
     vision = GraphedEncoder(programs["vision"], "vision", "cpu", torch.float32, engine_config=engine_config)
     audio = GraphedEncoder(programs["audio"], "audio", "cpu", torch.float32, engine_config=engine_config)
-    assert vision.buckets == (16,)  # max_image_side 64: 4x4 patches
-    assert audio.buckets == (16, 32, 64, 128, 256)  # max_input_len
+    assert vision.buckets == audio.buckets == (16, 32, 64, 128, 256)  # max_input_len
     custom = GraphedEncoder(
         programs["vision"], "vision", "cpu", torch.float32, (8, 2, 100), engine_config=engine_config
     )
-    assert custom.buckets == (2, 8, 16) and not custom.use_graphs
+    assert custom.buckets == (2, 8, 100) and not custom.use_graphs
 
 
 @pytest.mark.parametrize(
@@ -77,16 +76,15 @@ def test_buckets_are_clipped_to_the_programs_largest_input(encoders):
 )
 def test_padded_runs_give_the_programs_outputs(encoders, kind, rows, bucket):
     programs, engine_config = encoders
-    dim, buckets = (0, VISION_BUCKETS) if kind == "vision" else (1, AUDIO_BUCKETS)
-    spy = Spy(programs[kind], dim)
+    buckets = VISION_BUCKETS if kind == "vision" else AUDIO_BUCKETS
+    spy = Spy(programs[kind], 0)
     enc = GraphedEncoder(
         spy, kind, "cpu", torch.float32, buckets, engine_config=engine_config, pad_eager=True
     )
     x = make_input(kind, rows, torch.float32, seed=rows)
     assert enc.bucket(x) == bucket
     out = enc(x)
-    step = 1 if kind == "vision" else 4
-    assert spy.sizes == [(bucket or rows) * step]  # padded to the bucket; above the largest, eager
+    assert spy.sizes == [bucket or rows]  # padded to the bucket; above the largest, eager
     torch.testing.assert_close(out, programs[kind](x))
 
 
@@ -99,17 +97,16 @@ def test_on_the_cpu_the_program_runs_as_is(encoders):
 
 
 def test_inputs_outside_the_captured_layout_run_eager(encoders):
-    """Another dtype, a frame count that is not a multiple of frame_stack, other mels: the program
-    judges them (and raises), as without buckets."""
+    """Another dtype, another patch shape, other mels, other level dtypes: the program judges them (and
+    raises), as without buckets."""
     programs, engine_config = encoders
     vision = GraphedEncoder(programs["vision"], "vision", "cpu", torch.float32, engine_config=engine_config)
     audio = GraphedEncoder(programs["audio"], "audio", "cpu", torch.float32, engine_config=engine_config)
     for enc, x in (
         (vision, make_input("vision", 3, torch.float64)),
-        (vision, torch.zeros(3, 16, 16, 4)),
-        (audio, torch.zeros(80, 6, dtype=torch.long)),
-        (audio, torch.zeros(40, 8, dtype=torch.long)),
-        (audio, torch.zeros(80, 8, dtype=torch.int32)),
+        (vision, torch.zeros(3, 2, 40, 40, 4)),
+        (audio, torch.zeros(8, 40, dtype=torch.long)),
+        (audio, torch.zeros(8, 80, dtype=torch.int32)),
     ):
         assert enc.bucket(x) is None
         with pytest.raises(Exception):  # noqa: B017  (the program's own error, whichever it is)
@@ -129,7 +126,6 @@ def test_graph_replay_equals_eager_on_cuda(dtype):
         if kind == "audio":
             enc.warmup()
             assert sorted(enc.graphs) == list(buckets)
-        dim, step = (0, 1) if kind == "vision" else (1, 4)
         outs = []
         for i, rows in enumerate(sizes):  # mixed order: stale rows in the static inputs, shared pool
             x = make_input(kind, rows, dtype, "cuda", seed=i)
@@ -138,7 +134,7 @@ def test_graph_replay_equals_eager_on_cuda(dtype):
             bucket = enc.bucket(x)
             if bucket is not None:
                 padded = x.new_zeros(enc.input_shape(bucket))
-                padded.narrow(dim, 0, rows * step).copy_(x)
+                padded.narrow(0, 0, rows).copy_(x)
                 assert torch.equal(out, programs[kind](padded)[:rows]), (kind, rows)
             torch.testing.assert_close(out, programs[kind](x))
         assert all(torch.equal(out, saved) for out, saved in outs)  # later replays leave earlier outputs be

@@ -1,6 +1,6 @@
 """bench/projection.py: the 1T's projection from bytes per GPU agrees with the bounds it stands on."""
 
-from bench.bound import BANDWIDTH, real_decode_step_bytes
+from bench.bound import BANDWIDTH, decode_step_bytes
 from bench.projection import busiest_share, main, step_seconds, total_weight_bytes
 from inkling.published.config import preset
 
@@ -9,7 +9,7 @@ def test_one_gpu_step_is_the_byte_bound():
     """On one GPU without collectives a step is bench.bound's: inkling-bench's 1.52 ms at 8K (BENCHMARKS.md)."""
     c = preset("inkling-bench", nvfp4=True)
     nbytes, seconds = step_seconds(c, 8192, 1, 1, 0.0)
-    assert abs(nbytes - real_decode_step_bytes(c, 8192).total) < 1
+    assert abs(nbytes - decode_step_bytes(c, 8192).total) < 1
     assert abs(seconds - 1.517e-3) < 5e-6 and abs(seconds - nbytes / BANDWIDTH) < 1e-12
 
 

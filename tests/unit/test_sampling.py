@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inkling.detokenizer import IncrementalDetokenizer
-from inkling.tokenizer import build_tokenizer
+from inkling.published.tokens import build_tiny_tokenizer
 from runtime.params import SamplingParams
 from runtime.sampler import filter_logits, make_generator, sample, sample_tokens, target_probs
 
@@ -60,7 +60,7 @@ def test_logprobs():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tokenizer()
+    return build_tiny_tokenizer(1024)
 
 
 @pytest.mark.parametrize(

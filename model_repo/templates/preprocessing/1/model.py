@@ -25,10 +25,11 @@ import torch
 from tokenizers import Tokenizer
 
 from builder.engine import read_engine_config
-from inkling.config import InklingConfig
-from inkling.processing import ProcessingError, Processor, image_patches
+from inkling.processing import ProcessingError
 from inkling.processing.audio import COMPRESSED
 from inkling.published.chat import ChatPrompt, ChatRenderer
+from inkling.published.config import InklingConfig
+from inkling.published.processing import PreprocessorSettings, Processor
 from model_repo.tensors import (
     RequestError,
     error,
@@ -72,8 +73,7 @@ class TritonPythonModel:
         cfg = load_model_config(args)
         engine_dir = parameter(cfg, "engine_dir")
         engine = read_engine_config(engine_dir)
-        self.published = engine.get("model_type") == "inkling_mm_model"
-        self.config = None if self.published else InklingConfig.from_dict(engine["pretrained_config"])
+        self.config = config = InklingConfig.from_dict(engine["pretrained_config"], "engine config.json")
         self.max_input_len = int(engine["build_config"]["max_input_len"])
         self.max_text_bytes = int(parameter(cfg, "max_text_bytes"))
         self.max_images = int(parameter(cfg, "max_images"))
@@ -81,32 +81,14 @@ class TritonPythonModel:
         self.max_image_bytes = int(parameter(cfg, "max_image_bytes"))
         self.max_audio_bytes = int(parameter(cfg, "max_audio_bytes"))
         tokenizer = Tokenizer.from_file(os.path.join(engine_dir, "tokenizer.json"))
-        if self.published:  # the real Inkling's processor (inkling/published/processing.py), no BOS
-            from inkling.published.config import InklingConfig as PublishedConfig
-            from inkling.published.processing import PreprocessorSettings
-            from inkling.published.processing import Processor as PublishedProcessor
-
-            config = PublishedConfig.from_dict(engine["pretrained_config"], "engine config.json")
-            settings = PreprocessorSettings.from_dict(engine.get("preprocessor", {}))
-            self.published_config = config
-            self.processor = PublishedProcessor(
-                config, tokenizer, settings, max_image_bytes=self.max_image_bytes,
-                max_image_pixels=int(parameter(cfg, "max_image_pixels")), max_audio_bytes=self.max_audio_bytes,
-                max_audio_seconds=float(parameter(cfg, "max_audio_seconds")),
-            )  # fmt: skip
-            self.chat_renderer = ChatRenderer(tokenizer)
-            self.num_mels = config.audio.n_mel_bins
-            torch.set_num_threads(1)
-            return
+        settings = PreprocessorSettings.from_dict(engine.get("preprocessor", {}))
         self.processor = Processor(
-            self.config,
-            tokenizer,
-            max_image_bytes=self.max_image_bytes,
-            max_image_pixels=int(parameter(cfg, "max_image_pixels")),
-            max_audio_bytes=self.max_audio_bytes,
+            config, tokenizer, settings, max_image_bytes=self.max_image_bytes,
+            max_image_pixels=int(parameter(cfg, "max_image_pixels")), max_audio_bytes=self.max_audio_bytes,
             max_audio_seconds=float(parameter(cfg, "max_audio_seconds")),
-        )
-        self.num_mels = self.config.audio.num_mels
+        )  # fmt: skip
+        self.chat_renderer = ChatRenderer(tokenizer)
+        self.num_mels = config.audio.n_mel_bins
         torch.set_num_threads(1)
 
     def execute(self, requests: list) -> list:
@@ -131,56 +113,21 @@ class TritonPythonModel:
             raise RequestError(f"{len(audios)} audios, over the limit of {self.max_audios} per request")
         images = [decode_media(v, "image_data_input", i, self.max_image_bytes) for i, v in enumerate(images)]
         audios = [decode_media(v, "audio_data_input", i, self.max_audio_bytes) for i, v in enumerate(audios)]
-        if chat:
-            return self._published_response(self.processor.chat(chat, images, audios))
-        if self.published:
-            return self._published_response(self.processor(prompt, images, audios))
-        out = self.processor(prompt, images=images, audios=audios)
-        num_tokens = len(out.input_ids)
-        if num_tokens > self.max_input_len:
-            raise RequestError(
-                f"prompt is {num_tokens} tokens (media included), over the engine's max_input_len "
-                f"{self.max_input_len}"
-            )
-        patches = (
-            torch.cat([image_patches(p) for p in out.images]) if out.images else torch.zeros(0, 16, 16, 3)
-        )  # [N, 16, 16, 3]
-        levels = (
-            torch.cat(out.audios, dim=1) if out.audios else torch.zeros(self.num_mels, 0, dtype=torch.int64)
-        )  # [num_mels, F]
-        ids = out.input_ids
-        if self.published:  # text only: no pads to fill
-            positions = torch.zeros(0, dtype=torch.int64)
-        else:
-            pads = [self.config.token_id("image_pad"), self.config.token_id("audio_pad")]
-            positions = torch.cat([(ids == pad).nonzero().flatten() for pad in pads])
-        import triton_python_backend_utils as pb_utils
-
-        return pb_utils.InferenceResponse(
-            output_tensors=[
-                tensor("INPUT_IDS", ids.numpy(), np.int64),
-                tensor("IMAGE_PATCHES", patches.numpy(), np.float32),
-                tensor("AUDIO_LEVELS", levels.numpy(), np.int64),
-                tensor("MM_POSITIONS", positions.numpy(), np.int64),
-            ]
-        )
-
-    def _published_response(self, out) -> Any:
-        """The real Inkling: pixel values [N, 2, 40, 40, 3], dMel levels [F, mel_bins], placeholder positions."""
+        out = self.processor.chat(chat, images, audios) if chat else self.processor(prompt, images, audios)
         num_tokens = len(out.input_ids)
         if num_tokens > self.max_input_len:
             raise RequestError(
                 f"prompt is {num_tokens} tokens (media included), over the engine's max_input_len {self.max_input_len}"
             )
-        c, ids = self.published_config, out.input_ids
+        c, ids = self.config, out.input_ids
         v = c.vision
         empty = torch.zeros(0, v.temporal_patch_size, v.patch_size, v.patch_size, 3)
-        pixels = torch.cat(out.pixel_values) if out.pixel_values else empty
+        pixels = torch.cat(out.pixel_values) if out.pixel_values else empty  # [N, 2, 40, 40, 3]
         levels = (
             torch.cat(out.audio_levels)
             if out.audio_levels
             else torch.zeros(0, self.num_mels, dtype=torch.int64)
-        )
+        )  # [F, mel_bins]
         positions = torch.cat(
             [(ids == c.image_token_id).nonzero().flatten(), (ids == c.audio_token_id).nonzero().flatten()]
         )
@@ -205,8 +152,6 @@ class TritonPythonModel:
             return None
         if get(request, "text_input") is not None:
             raise RequestError("send text_input or messages, not both")
-        if not self.published:
-            raise RequestError("the chat form needs an engine of the real Inkling")
         # the messages may carry their media inline, as base64
         media = self.max_images * self.max_image_bytes + self.max_audios * self.max_audio_bytes
         messages = self._json(raw, "messages", self.max_text_bytes + media * 4 // 3)
