@@ -464,7 +464,7 @@ def write_table(r: dict, path: str, mtp: dict | None = None) -> None:
     b = r["bound"]
     lines = [
         f"Command: `{r['command']}`; device {r['device']}; date {r['date']}; preset {r['preset']} "
-        f"({r['model']}); "
+        f"({r.get('model', 'the earlier, invented model')}); "  # results before 2026-12-03 name none
         + (f"build in memory {r['build_s']:.1f} s; " if "build_s" in r else "")
         + f"CUDA graphs {'on' if r.get('cuda_graphs') else 'off'}; "
         f"torch.compile {'on' if r.get('compile') else 'off'}; MTP drafts per step {r.get('num_draft_tokens', 0)}; "

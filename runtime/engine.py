@@ -181,7 +181,7 @@ class LLMEngine:
                 self.stats.overlapped_steps += 1
             except Exception as e:  # `launched` is sound: complete it, then isolate the successor's sequences
                 failed = (batch, e)
-        deltas += self._complete(launched)
+        deltas += self._complete(launched, followed=self._inflight is not None)
         return deltas + (self._isolate(*failed, "its step") if failed else [])
 
     def _drain(self) -> None:
@@ -208,13 +208,29 @@ class LLMEngine:
         for s in batch:
             s.seq.num_computed += s.num_tokens
         step = LaunchedStep(batch, logits, out_rows, hidden)
-        if self.overlap and all(takes_pick(s, successor=input_ids is not None) for s in batch):
+        drafts_next = self._drafts_next(batch, ahead=1 if input_ids is None else 2)
+        if self.overlap and all(takes_pick(s, input_ids is not None, drafts_next) for s in batch):
             generators = [self.requests[s.seq.request_id].generator for s in batch]
             make_picks(step, logits[:, : self.num_real_tokens], generators)  # one row per sequence
         return step
 
-    def _complete(self, step: LaunchedStep) -> list[StreamDelta]:
-        """Sample (or take the picks of) a launched step, emit its tokens, settle blocks, run the heads."""
+    def _drafts_next(self, batch: list[ScheduledSeq], ahead: int) -> bool:
+        """Whether the step after this decode step of `batch` may draft (ahead: this step and the one in flight
+        before it, if any, not yet recorded): False where no sequence will (`plans_no_drafts`), so that the
+        steps of sequences asking for MTP overlap while the policy keeps their drafts off."""
+        if not self.overlap:
+            return True
+        mtp = [s for s in batch if s.seq.params.num_draft_tokens]
+        if not mtp or not self.runner.num_heads:
+            return False
+        if any(s.num_tokens != 1 or s.seq.is_prefill for s in mtp):
+            return True
+        states = [self.requests[s.seq.request_id] for s in mtp]
+        return not self.spec.plans_no_drafts(states, len(batch), ahead)
+
+    def _complete(self, step: LaunchedStep, followed: bool = False) -> list[StreamDelta]:
+        """Sample (or take the picks of) a launched step, emit its tokens, settle blocks, run the heads.
+        followed: the step after it is already running (overlapped), without drafts."""
         try:
             picks, logprobs = step.host_picks()
             logits, rows = step.logits, step.rows
@@ -253,7 +269,8 @@ class LLMEngine:
                     self.prefix.register(seq)
                     self.blocks.free_behind_windows(seq.blocks, seq.num_computed)
                     if seq.params.num_draft_tokens and self.runner.num_heads:
-                        kept = seq.num_computed - s.start
+                        # this step's rows that stay (not those of the overlapped successor's token)
+                        kept = min(seq.num_computed, s.start + s.num_tokens) - s.start
                         heads.append(
                             (self.requests[seq.request_id], step.hidden[lo : lo + kept], s.start, lo)
                         )
@@ -273,7 +290,7 @@ class LLMEngine:
                 decode = all(
                     s.num_tokens == s.num_drafts + 1 and s.start >= s.seq.num_prompt for s in step.batch
                 )
-                self.spec.draft(heads, len(step.batch) if decode else None)
+                self.spec.draft(heads, len(step.batch) if decode else None, followed)
             except Exception as e:
                 return deltas + self._isolate([ScheduledSeq(h[0].seq, 0, 0) for h in heads], e, "drafting")
         for s in step.batch:  # an isolated sequence that recomputed alone past where its batch failed

@@ -38,13 +38,16 @@ class LaunchedStep:
         return self.picks_host.tolist(), logprobs
 
 
-def takes_pick(s: ScheduledSeq, successor: bool) -> bool:
+def takes_pick(s: ScheduledSeq, successor: bool, drafts_next: bool = True) -> bool:
     """Whether the sequence's next token is drawn on the device from its one row of this step, with
     nothing for the host to read (a successor's sequences sample, though the token they feed is not
-    in `seq.tokens` yet). Not where the request asks for top logprobs (the host's sampler reads them)."""
+    in `seq.tokens` yet). Not where the request asks for top logprobs (the host's sampler reads them),
+    nor where this step verifies drafts. A sequence that asks for MTP drafts takes it in a decode step
+    when the step after it will draft nothing (drafts_next False: SpeculativeDecoder.plans_no_drafts)."""
     samples = s.samples or successor
     params = s.seq.params
-    return samples and not s.num_drafts and not params.num_draft_tokens and not params.logprobs
+    mtp = params.num_draft_tokens and (drafts_next or s.num_tokens != 1)
+    return samples and not s.num_drafts and not mtp and not params.logprobs
 
 
 def make_picks(step: LaunchedStep, logits: torch.Tensor, generators: list[torch.Generator | None]) -> None:

@@ -185,21 +185,25 @@ class SpeculativeDecoder:
         self.runner.rollback_heads(seq.slot, counts)
 
     def draft(
-        self, heads: list[tuple[RequestState, torch.Tensor, int, int]], batch: int | None = None
+        self,
+        heads: list[tuple[RequestState, torch.Tensor, int, int]],
+        batch: int | None = None,
+        followed: bool = False,
     ) -> None:
         """A round of the MTP heads over the sequences that stepped (state, their fresh hidden rows, the
         step's first position, the rows' offset in the step's output): catch up over the new positions and
         draft the next step's tokens, as many as the acceptance policy says (none for a step that still
         feeds known tokens), at most the round's cap from its measured costs (`round_costs`). batch: the
         step's sequences where it fed each its one token and its drafts (a round, whose time RoundCosts
-        measures), else None."""
+        measures), else None. followed: the next step is already running without drafts (an overlapped
+        successor, which `plans_no_drafts` allowed): the heads only keep up, or stay behind."""
         requests, wants = [], []  # heads a sequence's drafts may use; (acceptance EMAs, drafts it would make)
         for state, _, _, _ in heads:
             seq = state.seq
             self.settle_heads(seq)
             requested = min(seq.params.num_draft_tokens, self.runner.num_heads)
             num_drafts = 0
-            if not seq.is_prefill:  # the next step feeds one token: draft behind it
+            if not seq.is_prefill and not followed:  # the next step feeds one token: draft behind it
                 remaining = seq.params.max_tokens - len(seq.output_ids) - 1
                 num_drafts = max(
                     0, min(self.draft_policy(state.acceptance, requested), remaining, self.max_draft_len)
@@ -207,8 +211,10 @@ class SpeculativeDecoder:
             requests.append(requested)
             wants.append((state.acceptance.ema, num_drafts))
         cap = self.max_draft_len if self.round_costs is None else self.round_costs.cap(wants, batch)
+        # A work item's computed length is its step's end: an overlapped successor has already fed the
+        # next token (seq.num_computed counts it), whose hidden row this round does not have.
         work = [
-            HeadWork(state.seq, state.seq.num_computed, start, rows, requested, min(num_drafts, cap), offset)
+            HeadWork(state.seq, start + rows.shape[0], start, rows, requested, min(num_drafts, cap), offset)
             for (state, rows, start, offset), requested, (_, num_drafts) in zip(heads, requests, wants)
         ]
         drafts = self.runner.run_heads(work)
@@ -218,6 +224,25 @@ class SpeculativeDecoder:
                 w.seq.head_drafts = list(d)
                 w.seq.drafts_from = len(w.seq)
         self._time_round(batch, max((len(d) for d in drafts), default=0))
+
+    def plans_no_drafts(self, states: list[RequestState], batch: int, ahead: int) -> bool:
+        """Whether the step after a decode step of these MTP sequences (batch: the step's sequences) will
+        draft nothing, decided before that step's tokens are known: what `draft` would decide once the
+        `ahead` decode steps not yet recorded are (each adds one to a sequence's step count; a step without
+        drafts changes nothing else the policy reads). Then the engine may overlap the steps
+        (runtime/overlap.py): the next one runs without drafts and `draft(followed=True)` keeps to that."""
+        wants = []
+        for state in states:
+            requested = min(state.seq.params.num_draft_tokens, self.runner.num_heads)
+            stats = state.acceptance
+            stats.steps += ahead  # as `draft` will see them (the policy may key on the stats object)
+            try:
+                wants.append((stats.ema, min(self.draft_policy(stats, requested), self.max_draft_len)))
+            finally:
+                stats.steps -= ahead
+        if not any(n for _, n in wants):
+            return True
+        return self.round_costs is not None and self.round_costs.cap(wants, batch) == 0
 
     def no_round(self) -> None:
         """A step without a round of the heads: the next round's time is not a round's alone."""

@@ -18,8 +18,8 @@ def override_drafts(engine, fn: DraftOverride | None) -> None:
         return
     heads_draft = type(spec).draft.__get__(spec)
 
-    def draft(heads, batch=None) -> None:
-        heads_draft(heads, batch)
+    def draft(heads, batch=None, followed=False) -> None:
+        heads_draft(heads, batch, followed)
         for state, *_ in heads:
             seq = state.seq
             if seq.drafts:

@@ -469,20 +469,25 @@ def test_drafts_stop_where_rounds_do_not_pay(engine, monkeypatch, pays):
     assert seconds[(4, 0)] == 1.0 and seconds[(4, 3)] == pytest.approx(1.3 if pays else 7)
 
 
-@pytest.mark.parametrize("drafts_again,lengths", [(True, (5, 20, 9, 14)), (False, (5, 20)), (True, (60, 3))])
-def test_heads_left_behind_catch_up_to_the_same_states(engine, drafts_again, lengths):
+@pytest.mark.parametrize(
+    "drafts_again,lengths,overlap",
+    [(True, (5, 20, 9, 14), False), (False, (5, 20), False), (True, (60, 3), False),
+     (True, (5, 20, 9, 14), True), (False, (5, 20), True)],
+)  # fmt: skip
+def test_heads_left_behind_catch_up_to_the_same_states(engine, drafts_again, lengths, overlap):
     """Rounds that draft nothing leave the heads behind (Drafter.stays_behind): no head pass runs until the
     sequence drafts again (here from its 17th to 20th decode step on: catch-ups of every length modulo a
     verify's 4 positions) or the trunk's ring would drop a row they need; then passes of a verify's shape
     cover every position, the deep heads' positions that read drafts in the last, each level's ring written
     after the next level has read the older rows it needs. A prompt longer than a step's tokens (60 > 48: chunked
     prefill) keeps them current through its chunks. The heads' KV rows, sconv states and drafts equal
-    those of an engine whose heads kept up every step."""
+    those of an engine whose heads kept up every step. With overlap, the steps that will not draft next run
+    overlapped (runtime/overlap.py), the heads settling each one after its successor was launched."""
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g) for n in lengths]
 
     def run_steps(keep_up: bool):
-        eng = LLMEngine(engine)
+        eng = LLMEngine(engine, overlap=overlap and not keep_up)
         drafter = eng.runner.drafter
         if keep_up:
             drafter.stays_behind = lambda w: False
@@ -504,6 +509,7 @@ def test_heads_left_behind_catch_up_to_the_same_states(engine, drafts_again, len
     behind, seqs, few = run_steps(keep_up=False)
     current, kept, every = run_steps(keep_up=True)
     assert [s.output_ids for s in seqs] == [s.output_ids for s in kept]
+    assert (behind.stats.overlapped_steps > 10) == overlap and not current.stats.overlapped_steps
     # where drafting resumes, the first rounds' passes saved but for the catch-ups' (pieces of 4 positions each
     # head); where it does not, all but the catch-ups when the ring fills
     saved = len(few) < len(every) - 3 * 6 if drafts_again else len(few) < len(every) / 3
@@ -511,7 +517,8 @@ def test_heads_left_behind_catch_up_to_the_same_states(engine, drafts_again, len
     for seq, ref in zip(seqs, kept):
         if drafts_again:
             assert seq.drafts == ref.drafts and seq.head_computed == ref.head_computed
-        assert seq.num_computed - seq.head_computed[0] <= TRUNK_RING  # never further behind than the ring
+        # never further behind than the ring (with overlap, the step in flight fed one more token)
+        assert seq.num_computed - seq.head_computed[0] <= TRUNK_RING + (behind._inflight is not None)
         for d, n in enumerate(seq.head_computed):
             for a, b in zip(kv_rows(behind.runner, seq, d, range(n), True),
                             kv_rows(current.runner, ref, d, range(n), True)):  # fmt: skip
