@@ -34,7 +34,7 @@ from .compile import compile_into
 from .config import BuildConfig, BuildError
 from .contracts import HEAD, STEP
 from .engine import ENGINE_FORMAT_VERSION, Engine, RankShard
-from .expert_parallel import ExpertParallel
+from .expert_parallel import ExpertParallel, rank_shard
 from .network import (
     CacheLayout,
     HeadProgram,
@@ -275,11 +275,6 @@ def build_from_tensors(
     synthesized in memory on the GPU (inkling.published.synth.iter_tensors; bench/e2e.py) for models larger
     than the disk. has_mtp: the tensors hold the MTP depths the config names. draft_vocab: as
     build."""
-    if bc.tp_size > 1 and bc.ep_size > 1:
-        raise BuildError(
-            f"tensor parallelism with expert parallelism (tp_size {bc.tp_size}, ep_size {bc.ep_size}) is not "
-            "built yet: pick one"
-        )
     dtype, device = getattr(torch, bc.dtype), torch.device(bc.device)
     num_depths = num_built_depths(config, bc) if has_mtp else 0
     if not has_mtp:
@@ -298,6 +293,8 @@ def build_from_tensors(
     for name, impl in impls.items():
         log(f"plugin {name}: {impl}, version {plugins.get(name).version}")
     ep, tp = ExpertParallel(config, bc.ep_size), TensorParallel(config, bc.tp_size)
+    if bc.ep_size == 1:
+        tp.check_routed_split()
     if bc.tp_size > 1:
         if bc.compile:
             raise BuildError("--compile with tp_size > 1 is not supported yet (it compiles on one process)")
@@ -307,8 +304,9 @@ def build_from_tensors(
         if bc.compile:
             raise BuildError("--compile with ep_size > 1 is not supported yet (it compiles on one process)")
         impls["collectives"] = bc.plugin_config.resolve_collectives(bc.device)
+        shared = "split by tensor parallelism" if bc.tp_size > 1 else "width split"
         log(f"expert parallel: {bc.ep_size} ranks, {ep.experts_per_rank} routed experts each, the shared "
-            f"experts' width split, collectives {impls['collectives']}")  # fmt: skip
+            f"experts' {shared}, collectives {impls['collectives']}")  # fmt: skip
     with log.phase("weights"):
         weights = {n: t.to(device) for n, t in engine_tensors(config, tensors, dtype, num_depths)}
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
@@ -319,14 +317,12 @@ def build_from_tensors(
         # The other ranks' step weights; rank 0's share, with its MTP depths and towers whole (and, under
         # tensor parallelism, the whole unembedding for their draft picks)
         other_ranks = {
-            r: RankShard(tp.rank_weights(ep.rank_weights(step_weights, r), r), {})
-            for r in range(1, bc.tp_size * bc.ep_size)
+            r: RankShard({n: rank_shard(tp, ep, n, w, r) for n, w in step_weights.items()}, {})
+            for r in range(1, bc.world_size)
         }
         if bc.tp_size > 1 and num_depths:
             weights[DRAFT_UNEMBED] = weights[UNEMBED]
-        weights = {
-            n: tp.shard(n, ep.shard(n, w, 0), 0) if n in step_weights else w for n, w in weights.items()
-        }
+        weights = {n: rank_shard(tp, ep, n, w, 0) if n in step_weights else w for n, w in weights.items()}
         step_weights = {n: weights[n] for n in step_weights}
     tuning = {}
     if impls["sigmoid_sink_moe"] == "triton" and bc.plugin_config.tune and bc.device == "cuda":
@@ -367,7 +363,7 @@ def build_from_tensors(
         "build_config": bc.to_dict(),
         "plugin_config": {"impls": impls, "ops": ops, "tuning": tuning},
         "mapping": {
-            "world_size": bc.tp_size * bc.ep_size,
+            "world_size": bc.world_size,
             "tp_size": bc.tp_size,
             "ep_size": bc.ep_size,
             "experts_per_rank": ep.experts_per_rank,

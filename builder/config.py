@@ -100,8 +100,9 @@ class BuildConfig:
     device: str = "cpu"
     tp_size: int = 1
     # Expert parallelism (the real Inkling): ep_size ranks, each owning num_experts / ep_size whole routed
-    # experts and a 1/ep_size slice of the shared experts' width; attention and the rest replicated
-    # (builder/expert_parallel.py).
+    # experts; alone, a 1/ep_size slice of the shared experts' width each and attention and the rest
+    # replicated; with tp_size (= ep_size), on the same ranks: attention and the dense parts split by
+    # tensor parallelism, the routed experts whole by expert parallelism (builder/expert_parallel.py).
     ep_size: int = 1
     # torch.compile the step program at build and save the compiler's cache artifacts in the engine, so
     # that a load compiles from them; the runtime then compiles the MTP head program too. Off by default:
@@ -128,6 +129,11 @@ class BuildConfig:
             0 <= self.max_draft_len <= 8,
             f"max_draft_len must be in 0..8 (8 MTP heads), got {self.max_draft_len}",
         )
+        _require(
+            self.tp_size == 1 or self.ep_size in (1, self.tp_size),
+            f"tp_size {self.tp_size} with ep_size {self.ep_size}: attention's tensor parallelism and the MoE's "
+            "expert parallelism share their ranks, so ep_size must be 1 or equal tp_size",
+        )
         _require(self.max_input_len <= self.max_seq_len, "max_input_len must not exceed max_seq_len")
         _require(self.max_num_tokens >= self.max_batch_size, "max_num_tokens must be at least max_batch_size")
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -136,6 +142,11 @@ class BuildConfig:
             0 < self.kv_cache_free_gpu_memory_fraction <= 1,
             f"kv_cache_free_gpu_memory_fraction must be in (0, 1], got {self.kv_cache_free_gpu_memory_fraction}",
         )
+
+    @property
+    def world_size(self) -> int:
+        """The ranks the engine runs on: tp_size, or ep_size; both on the same ranks where both are set."""
+        return max(self.tp_size, self.ep_size)
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -107,7 +107,7 @@ class Engine:
 
     @property
     def world_size(self) -> int:
-        """The ranks the engine runs on: tp_size × ep_size."""
+        """The ranks the engine runs on (BuildConfig.world_size)."""
         return world_size_of(self.config)
 
     def ranks(self) -> dict[int, RankShard]:
@@ -300,7 +300,7 @@ def check_compatible(config: dict[str, Any], device: str | None) -> None:
 
 
 def world_size_of(config: dict[str, Any]) -> int:
-    """The ranks an engine (its config.json) runs on: its mapping's world_size (tp_size × ep_size)."""
+    """The ranks an engine (its config.json) runs on: its mapping's world_size (BuildConfig.world_size)."""
     mapping = config.get("mapping", {})
     return mapping.get("world_size", mapping.get("tp_size", 1))
 

@@ -12,8 +12,12 @@
 - Rank 0 alone holds the MTP depths and the towers: the depths are dense (no experts to split), so it
   drafts alone and the other ranks only run the step.
 
-Every rank gets every token: attention is replicated rather than split (tensor parallelism) or spread over
-replicas (data-parallel attention), which are what a deployment at scale pairs with expert parallelism.
+Alone, every rank gets every token: attention is replicated. With tensor parallelism on the same ranks
+(tp_size = ep_size: attention TP with MoE EP, the layout TokenSpeed's CI calls attn_tp4_moe_ep4), attention,
+the dense MLPs, the shared experts and the unembedding are split as tensor parallelism splits them, the
+routed experts whole as above (`rank_shard`); every rank's MoE input is the whole residual (tensor
+parallelism's all-gather), and its partial sum of routed and shared experts joins the same reduce-scatter
+that sums the ranks' other partial sums before the MLP's sconv.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from inkling.published.config import InklingConfig
 
 from .config import require_divides
+from .tensor_parallel import TensorParallel
 
 ROUTED = ".mlp.experts."  # a routed stack's tensors: [E, ...] (w13/w2 codes or weights, scales, scale2)
 SHARED_W13 = ".mlp.shared_experts.shared_w13_weight"  # [S, 2I, H] = [gate; up] (engine_tensors)
@@ -74,3 +79,13 @@ class ExpertParallel:
     def rank_weights(self, weights: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
         """Rank `rank`'s step weights (`weights` holds only the step's: no MTP depths, no towers)."""
         return {name: self.shard(name, t, rank) for name, t in weights.items()}
+
+
+def rank_shard(tp: TensorParallel, ep: ExpertParallel, name: str, t: torch.Tensor, rank: int) -> torch.Tensor:
+    """Rank `rank`'s part of the step's engine tensor `name` under tp_size and ep_size, alone or on the same
+    ranks: the routed experts whole by expert parallelism; the rest by tensor parallelism where it is on
+    (the shared experts' width included), else by expert parallelism (the shared experts' width split,
+    everything else whole)."""
+    if ep.ep_size > 1 and (ROUTED in name or tp.tp_size == 1):
+        return ep.shard(name, t, rank)
+    return tp.shard(name, t, rank)

@@ -144,7 +144,8 @@ class StepProgram(nn.Module):
         tp_size > 1: each rank holds its heads and its slices of every MLP and of the unembedding
         (builder/tensor_parallel.py); attention's and the MLP's partial sums are reduce-scattered, their
         sconvs run on the rank's channels, and an all-gather rebuilds the residual; the logits are
-        gathered."""
+        gathered. Both (on the same ranks): the routed experts as ep_size, the rest as tp_size; the MoE's
+        partial sum is reduce-scattered with the MLP's sconv as the dense MLPs' are."""
         super().__init__()
         self.c, self.impls, self.moe_tiles, self.ep_size = config, impls, moe_tiles, ep_size
         self.tp = TensorParallel(config, tp_size)
@@ -221,7 +222,7 @@ class StepProgram(nn.Module):
             w[f"{sh}.shared_w13_weight"], w[f"{sh}.shared_w2_weight"], t.route_scale, t.num_experts_per_tok,
             self.moe_tiles, self.impls["sigmoid_sink_moe"], self.ep_size,
         )  # fmt: skip
-        if self.ep_size == 1:
+        if self.ep_size == 1 or self.tp.tp_size > 1:  # one rank's MoE, or a partial sum summed_sconv adds
             return y
         n, impl = self.ep_size, self.impls["collectives"]
         return torch.ops.inkling.all_gather(torch.ops.inkling.reduce_scatter(y, n, impl), n, impl)

@@ -64,11 +64,16 @@ class TensorParallel:
                     f"tp_size {n} and {what} {kv}: one must divide the other (KV heads are split, or "
                     "replicated where there are fewer than ranks)"
                 )
-        q = self.config.quant
+
+    def check_routed_split(self) -> None:
+        """The routed experts split along their width (tensor parallelism without expert parallelism): their
+        NVFP4 block scales must split with them."""
+        t, n, q = self.config.text, self.tp_size, self.config.quant
         if t.n_routed_experts and q is not None and (t.moe_intermediate_size // n) % NVFP4_GROUP:
             raise BuildError(
                 f"moe_intermediate_size / tp_size = {t.moe_intermediate_size // n} is not a multiple of "
-                f"{NVFP4_GROUP}: the NVFP4 experts' block scales cannot be split"
+                f"{NVFP4_GROUP}: the NVFP4 experts' block scales cannot be split (expert parallelism, "
+                "ep_size = tp_size, keeps them whole)"
             )
 
     # Per-rank shapes.

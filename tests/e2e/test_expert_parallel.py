@@ -1,9 +1,9 @@
 """Expert parallelism on the real Inkling, on the CPU (builder/expert_parallel.py): ranks as processes
 over gloo.
 
-Engines for ep_size 1, 2 and 4 are built from one synthetic inkling-tiny checkpoint with NVFP4 routed
-experts (16 of them, 2 shared of width 32): ep 2 and 4 run as LLMs that start their workers themselves,
-and must give ep 1's greedy tokens and, within test_tp.LOGIT_ATOL, its logits (float32: the ranks' partial MoE
+Engines for ep_size 1, 2 and 4, and for tp_size 2 with ep_size 2 (attention TP with MoE EP on the same
+ranks), are built from one synthetic inkling-tiny checkpoint with NVFP4 routed experts (16 of them, 2 shared
+of width 32): they run as LLMs that start their workers themselves, and must give ep 1's greedy tokens and, within test_tp.LOGIT_ATOL, its logits (float32: the ranks' partial MoE
 sums are added in another order than one rank's). Each rank's file holds 1/N of the routed experts and of
 the shared experts' width, and everything else whole.
 """
@@ -24,6 +24,9 @@ from runtime import LLM, PromptInput, SamplingParams
 from .test_tp import assert_same_logits, record_logits, with_oracle_drafts
 
 MAX_TOKENS = 6
+TP2EP2 = (
+    "tp2ep2"  # attention split over 2 ranks by tensor parallelism, the routed experts by expert parallelism
+)
 SIZES = dict(
     dtype="float32", device="cpu", max_batch_size=4, max_input_len=64, max_seq_len=96, max_num_tokens=48,
     max_draft_len=2, plugin_config=PluginConfig(expert_sink_moe="reference"),
@@ -43,6 +46,8 @@ def engine_dirs(tmp_path_factory):
     for n in (1, 2, 4):
         out[n] = tmp_path_factory.mktemp("engines") / f"ep{n}"
         build(ckpt, BuildConfig(**SIZES, ep_size=n), echo=False).save(out[n])
+    out[TP2EP2] = tmp_path_factory.mktemp("engines") / "tp2ep2"
+    build(ckpt, BuildConfig(**SIZES, tp_size=2, ep_size=2), echo=False).save(out[TP2EP2])
     return out
 
 
@@ -90,6 +95,29 @@ def test_each_rank_holds_its_share_of_the_experts(engine_dirs):
         assert not any(k.startswith(("mtp.", "model.visual.", "model.audio.")) for k in worker.weights)
 
 
+def test_tp_with_ep_splits_attention_by_heads_and_the_experts_whole(engine_dirs):
+    """tp 2 with ep 2 on the same two ranks: each rank holds half the routed experts whole (their bytes
+    ep 2's rank files hold, expert for expert) and half of everything tensor parallelism splits (the shared
+    experts' width, attention's heads, the dense MLPs, the unembedding); the mapping records both."""
+    mapping = read_engine_config(str(engine_dirs[TP2EP2]))["mapping"]
+    assert mapping["world_size"] == 2 and mapping["tp_size"] == 2 and mapping["ep_size"] == 2
+    assert (
+        mapping["experts_per_rank"] == 8
+        and mapping["num_attention_heads"] == preset("inkling-tiny").text.num_attention_heads // 2
+    )
+    whole = rank_bytes(engine_dirs[1], 0)
+    for r in range(2):
+        got = rank_bytes(engine_dirs[TP2EP2], r)
+        assert got["routed"] * 2 == whole["routed"] and got["shared"] * 2 == whole["shared"]
+        assert got["rest"] < whole["rest"]  # attention and the rest split, not replicated as under ep alone
+        with (
+            safe_open(str(engine_dirs[TP2EP2] / f"rank{r}.safetensors"), "pt") as f,
+            safe_open(str(engine_dirs[2] / f"rank{r}.safetensors"), "pt") as g,
+        ):
+            routed = [n for n in f.keys() if ROUTED in n]
+            assert routed and all(torch.equal(f.get_tensor(n), g.get_tensor(n)) for n in routed)
+
+
 @pytest.mark.parametrize("nvfp4", [False, True], ids=["bf16-experts", "nvfp4-experts"])
 def test_the_ranks_parts_add_up_to_the_whole_moe(nvfp4):
     """The op on each rank's share (its experts at its offset, its slice of the shared width), summed over
@@ -124,7 +152,7 @@ def test_the_ranks_parts_add_up_to_the_whole_moe(nvfp4):
         torch.testing.assert_close(sum(parts), whole, rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="class", params=[2, 4], ids=lambda n: f"ep{n}")
+@pytest.fixture(scope="class", params=[2, 4, TP2EP2], ids=lambda n: n if n == TP2EP2 else f"ep{n}")
 def ep_llm(request, engine_dirs):
     llm = LLM(engine_dirs[request.param])
     yield request.param, llm
@@ -133,15 +161,15 @@ def ep_llm(request, engine_dirs):
 
 
 class TestExpertParallelLLM:
-    """ep 2 and 4 through the LLM (its workers live as long as the class's tests: one multi-rank LLM per
-    process at a time)."""
+    """ep 2 and 4, and tp 2 with ep 2, through the LLM (its workers live as long as the class's tests: one
+    multi-rank LLM per process at a time)."""
 
     def test_same_tokens_and_logits_as_ep1(self, ep_llm, baseline):
         n, llm = ep_llm
         want_tokens, want_logits = baseline
         tokens, logits = generate(llm)
         assert tokens == want_tokens
-        assert_same_logits(logits, want_logits, f"ep{n}", "ep1")
+        assert_same_logits(logits, want_logits, n if n == TP2EP2 else f"ep{n}", "ep1")
         # Again from the prefix cache (sconv snapshots restored on every rank)
         stats = llm.engine.stats
         before = stats.prefill_tokens
@@ -175,8 +203,8 @@ def test_impossible_mappings_are_refused(engine_dirs, tmp_path):
     ckpt = write_checkpoint(tmp_path / "tiny", c, seed=1)
     with pytest.raises(BuildError, match="ep_size 3 does not divide n_routed_experts"):
         build(ckpt, BuildConfig(**SIZES, ep_size=3), echo=False)
-    with pytest.raises(BuildError, match="tensor parallelism"):
-        build(ckpt, BuildConfig(**SIZES, tp_size=2, ep_size=2), echo=False)
+    with pytest.raises(BuildError, match="tp_size 2 with ep_size 4: .* ep_size must be 1 or equal tp_size"):
+        build(ckpt, BuildConfig(**SIZES, tp_size=2, ep_size=4), echo=False)
     with pytest.raises(EngineError, match="tp_size 1, ep_size 2 and runs on exactly 2 ranks, not 4"):
         Engine.from_dir(engine_dirs[2], world_size=4)
     with pytest.raises(ValueError, match="runs from its directory"):
