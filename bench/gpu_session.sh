@@ -3,12 +3,16 @@
 #
 #     bash bench/gpu_session.sh engine-tests  # 1 GPU: the engine's GPU tests (tests/gpu, the gpu-marked unit
 #                                             #   tests; carry [".whl"])
-#     bash bench/gpu_session.sh kernel-tests  # 1 GPU: the kernels' GPU tests (attention, MoE, sconv, MTP pick)
+#     bash bench/gpu_session.sh kernel-tests  # 1 GPU: the kernels' GPU tests (attention, MoE, sconv)
 #     bash bench/gpu_session.sh bench-decode  # 1 GPU: make bench's first part (TTFT, decode batches 1..64);
 #     bash bench/gpu_session.sh bench-mtp     #   then its MTP part and the reference peers; merge on the CPU:
 #     bash bench/gpu_session.sh bench-peers   #   python -m bench.e2e --merge --out DIR
 #     bash bench/gpu_session.sh profile       # 1 GPU: a profile of the batch-1 decode step by kernel
-#     bash bench/gpu_session.sh attention     # 1 GPU: bench/attention.py over every workload, peers included
+#     bash bench/gpu_session.sh attention     # 1 GPU: bench.bank_attention on the real shapes, peers included
+#     bash bench/gpu_session.sh moe           # 1 GPU: the MoE launcher's GPU tests, then bench/moe.py on the real
+#                                             #   layer (tuning, bound, bf16 peer)
+#     bash bench/gpu_session.sh plugins       # 1 GPU: the CUDA engine against transformers, then the attention,
+#                                             #   sconv and sigmoid MoE kernels' GPU tests (carry [".whl"])
 #     bash bench/gpu_session.sh serving       # 1 GPU: Triton and the OpenAI API against in-process on the real
 #                                             #   Inkling's tiny engine; needs .carry/ (bash bench/make_carry.sh on
 #                                             #   the CPU, then the call's carry [".carry"])
@@ -210,9 +214,19 @@ profile)
     pack profile
     ;;
 attention)
-    # One process a workload, each its share of the budget
-    run attn_all 580 python3 bench/attention.py --budget-s 520 --out "$OUT/attn"
+    run bank_attention 400 python3 -m bench.bank_attention --out "$OUT/attn"
     pack attention
+    ;;
+moe)
+    run moe_gpu 200 "${PYTEST[@]}" -m gpu tests/kernels/test_moe.py
+    run moe "${MOE_LIMIT:-380}" python3 bench/moe.py --out "$OUT/moe" ${MOE_ARGS:-}
+    pack moe
+    ;;
+plugins)
+    with_transformers
+    run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run kernels_gpu 340 "${PYTEST[@]}" -m gpu tests/kernels --ignore=tests/kernels/test_moe.py
+    pack plugins
     ;;
 serving)
     serving_bench 480 --tune false  # Triton and the OpenAI API vs in-process on an untuned tiny engine

@@ -131,17 +131,13 @@ def instrumented(engine: LLMEngine, clock: Clock):
     patch(runner, "step", clock.program(runner.step))
     if runner.head is not None:
         patch(runner, "head", clock.program(runner.head))
-    patch(torch.ops.inkling, "mtp_draft", _Packet(torch.ops.inkling.mtp_draft, clock))
     for name in ("run", "run_heads"):
         patch(runner, name, clock.component(name, getattr(runner, name)))
     try:
         yield
     finally:
         for obj, name, value in reversed(saved):
-            if obj is torch.ops.inkling:
-                delattr(obj, name)  # the namespace makes its packet again on the next lookup
-            else:
-                setattr(obj, name, value)
+            setattr(obj, name, value)
 
 
 def _shapes(args) -> list:
@@ -157,19 +153,6 @@ def _shapes(args) -> list:
         else:
             out.append(a)
     return out
-
-
-class _Packet:
-    """An op packet timed as a program when called; its overloads (`.default`) stay reachable."""
-
-    def __init__(self, packet, clock: Clock):
-        self.packet, self.call = packet, clock.program(packet)
-
-    def __call__(self, *args, **kwargs):
-        return self.call(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.packet, name)
 
 
 def measure(

@@ -1,4 +1,5 @@
-"""Benchmark: expert_sink_moe (NVFP4 W4A16 Triton) and sconv at inkling-bench shapes, on the GPU.
+"""Benchmark: the real Inkling's MoE (`inkling::sigmoid_sink_moe`, NVFP4 W4A16 Triton) and sconv at the
+real shapes, on the GPU.
 
     PYTHONPATH=. python3 bench/moe.py --out DIR
 
@@ -6,8 +7,9 @@ Tunes the MoE tile table (launcher.tune, as the builder would), checks the Trito
 reference and the bf16 peer, then times (CUDA-graph replays, median): the Triton op, its bound
 (bytes of the experts actually touched + shared + router + activations over 4.35 TB/s, or FLOPs
 over 790 TFLOP/s, whichever is larger), the reference op, and bf16 grouped GEMMs on pre-dequantized
-weights (torch._grouped_mm). Then sconv: fused sconv_kv_write against sconv + sconv + cache write,
-and a layer's sconvs against its MoE. Writes moe.md, moe.json, moe_tune.json and moe.png to DIR.
+weights (torch._grouped_mm) behind the same sigmoid router. Then a layer's four sconvs (k and v on a
+full layer's 8 KV heads, the attention and MLP outputs on H channels) against its MoE. Writes moe.md,
+moe.json, moe_tune.json and moe.png to DIR.
 """
 
 from __future__ import annotations
@@ -24,12 +26,11 @@ import triton
 import triton.testing
 
 import plugins  # noqa: F401  (registers the ops)
-from inkling import ops
-from plugins.moe import PACKED_NAMES
+from inkling.published.ops import sigmoid_route
 from plugins.moe import launcher as moe_launcher
 from plugins.nvfp4 import dequantize_nvfp4, random_nvfp4
 
-H, I, E, S, TOP_K = 7168, 2560, 256, 2, 6  # inkling-bench
+H, I, E, S, TOP_K, ROUTE_SCALE = 6144, 3072, 256, 2, 6, 8.0  # the real layer (INKLING_SPEC §3.6)
 HKV, D, K_CONV, MAX_DRAFT = 8, 128, 4, 8
 MEM_BW, TC_RATE = 4.35e12, 790e12
 TOKENS = (1, 8, 64, 512, 4096)
@@ -42,40 +43,42 @@ def log(*a):
 
 
 def make_layer(seed=0):
+    """The op's weights as an engine holds a layer (the published NVFP4 layout, gate and up de-interleaved):
+    {"gate", "bias", "scale", "w13", "w13_scale", "w13_scale_2", "w2", "w2_scale", "w2_scale_2", "shared_w13",
+    "shared_w2"}."""
     g = torch.Generator(device=DEV).manual_seed(seed)
     w13, s13, g13 = random_nvfp4(2 * I, H, batch=(E,), device=DEV, generator=g)
     w2, s2, g2 = random_nvfp4(H, I, batch=(E,), device=DEV, generator=g)
-    packed = {
-        "w13": w13, "w13_scale": s13,
-        "w13_scale_2": torch.stack([g13, g13 * 1.25], dim=1).contiguous(),
-        "w2": w2, "w2_scale": s2, "w2_scale_2": g2,
+    return {
+        "gate": torch.randn(E + S, H, device=DEV, generator=g, dtype=torch.bfloat16) * H**-0.5,
+        "bias": torch.randn(E, device=DEV, generator=g) * 0.3,
+        "scale": torch.tensor([1.3], device=DEV),
+        "w13": w13, "w13_scale": s13, "w13_scale_2": g13, "w2": w2, "w2_scale": s2, "w2_scale_2": g2,
+        "shared_w13": torch.randn(S, 2 * I, H, device=DEV, generator=g, dtype=torch.bfloat16) * 0.02,
+        "shared_w2": torch.randn(S, H, I, device=DEV, generator=g, dtype=torch.bfloat16) * 0.02,
     }  # fmt: skip
-    router = torch.randn(E + S, H, device=DEV, generator=g, dtype=torch.bfloat16) * H**-0.5
-    shared_w13 = torch.randn(S, 2 * I, H, device=DEV, generator=g, dtype=torch.bfloat16) * 0.02
-    shared_w2 = torch.randn(S, H, I, device=DEV, generator=g, dtype=torch.bfloat16) * 0.02
-    return packed, router, shared_w13, shared_w2
 
 
-def dequantized_bf16(packed):
+WEIGHTS = ("gate", "bias", "scale", "w13", "w13_scale", "w13_scale_2", "w2", "w2_scale", "w2_scale_2",
+           "shared_w13", "shared_w2")  # fmt: skip
+
+
+def dequantized_bf16(layer):
     """Pre-dequantized routed experts for the bf16 peer: w13 [E, 2I, H], w2 [E, H, I]."""
     w13 = torch.empty(E, 2 * I, H, device=DEV, dtype=torch.bfloat16)
     w2 = torch.empty(E, H, I, device=DEV, dtype=torch.bfloat16)
     for e in range(E):
-        w13[e, :I] = dequantize_nvfp4(
-            packed["w13"][e, :I], packed["w13_scale"][e, :I], packed["w13_scale_2"][e, 0]
-        )
-        w13[e, I:] = dequantize_nvfp4(
-            packed["w13"][e, I:], packed["w13_scale"][e, I:], packed["w13_scale_2"][e, 1]
-        )
-        w2[e] = dequantize_nvfp4(packed["w2"][e], packed["w2_scale"][e], packed["w2_scale_2"][e])
+        w13[e] = dequantize_nvfp4(layer["w13"][e], layer["w13_scale"][e], layer["w13_scale_2"][e])
+        w2[e] = dequantize_nvfp4(layer["w2"][e], layer["w2_scale"][e], layer["w2_scale_2"][e])
     return w13, w2
 
 
-def peer_moe(x, router, w13, w2, shared_w13, shared_w2):
-    """The best plain-torch path: bf16 grouped GEMMs (torch._grouped_mm), sync-free."""
+def peer_moe(x, layer, w13, w2):
+    """The best plain-torch path: the sigmoid router in float32, then bf16 grouped GEMMs (torch._grouped_mm),
+    sync-free."""
     T = x.shape[0]
-    p = torch.softmax((x @ router.T).float(), dim=-1)
-    w_top, idx = torch.topk(p[:, :E], TOP_K, dim=-1)
+    shared_w13, shared_w2 = layer["shared_w13"], layer["shared_w2"]
+    w_top, idx, w_shared = sigmoid_route(x, layer["gate"], layer["bias"], layer["scale"], ROUTE_SCALE, TOP_K)
     flat = idx.flatten()
     order = torch.argsort(flat, stable=True)
     tok = order // TOP_K
@@ -88,7 +91,7 @@ def peer_moe(x, router, w13, w2, shared_w13, shared_w2):
     o = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs) * w_top.flatten()[order, None].to(x.dtype)
     y = torch.zeros(T, H, device=DEV, dtype=torch.float32).index_add_(0, tok, o.float())
     hs = (x @ shared_w13.view(S * 2 * I, H).T).view(T, S, 2 * I)
-    hs = (F.silu(hs[..., :I]) * hs[..., I:]) * p[:, E:, None].to(x.dtype)
+    hs = (F.silu(hs[..., :I]) * hs[..., I:]) * w_shared[..., None].to(x.dtype)
     y += torch.bmm(hs.transpose(0, 1), shared_w2.transpose(1, 2)).float().sum(0)
     return y.to(x.dtype)
 
@@ -111,22 +114,25 @@ def bound_us(T, n_experts):
 
 
 def op_args(layer, T: int, seed: int | None = None) -> tuple:
-    """expert_sink_moe's arguments (without config) for `layer` (make_layer's) and T random tokens."""
-    packed, router, sw13, sw2 = layer
+    """sigmoid_sink_moe's arguments (without tile_configs and impl) for `layer` (make_layer's) and T random
+    tokens."""
     g = None if seed is None else torch.Generator(device=DEV).manual_seed(seed)
     x = torch.randn(T, H, device=DEV, dtype=torch.bfloat16, generator=g)
-    return (x, router, *[packed[n] for n in PACKED_NAMES], sw13, sw2, E, TOP_K)
+    return (x, *[layer[n] for n in WEIGHTS], ROUTE_SCALE, TOP_K)
 
 
-def experts_touched(x, router) -> int:
-    """The distinct routed experts x's tokens pick."""
-    _, idx, _ = ops.route(x, router, E, TOP_K)
+def experts_touched(args) -> int:
+    """The distinct routed experts the tokens of op_args' `args` pick."""
+    _, idx, _ = sigmoid_route(*args[:4], ROUTE_SCALE, TOP_K)
     return int(torch.unique(idx).numel())
+
+
+def reference(args):
+    return torch.ops.inkling.sigmoid_sink_moe(*args, "", "reference")
 
 
 def moe_section(out_dir, tokens=TOKENS):
     layer = make_layer()
-    packed, router, sw13, sw2 = layer
 
     def inputs(T, seed=1):
         return op_args(layer, T, seed)
@@ -145,14 +151,14 @@ def moe_section(out_dir, tokens=TOKENS):
     tile_configs = json.dumps(table)
 
     log("dequantizing the bf16 peer's weights ...")
-    w13_bf16, w2_bf16 = dequantized_bf16(packed)
+    w13_bf16, w2_bf16 = dequantized_bf16(layer)
     rows = []
     for T in tokens:
         args = inputs(T, seed=T)
         x = args[0]
-        tri = lambda: torch.ops.inkling.expert_sink_moe(*args, tile_configs, "triton")  # noqa: B023, E731
-        ref = lambda: torch.ops.inkling.expert_sink_moe(*args, "", "reference")  # noqa: B023, E731
-        peer = lambda: peer_moe(x, router, w13_bf16, w2_bf16, sw13, sw2)  # noqa: B023, E731
+        tri = lambda: torch.ops.inkling.sigmoid_sink_moe(*args, tile_configs, "triton")  # noqa: B023, E731
+        ref = lambda: reference(args)  # noqa: B023, E731
+        peer = lambda: peer_moe(x, layer, w13_bf16, w2_bf16)  # noqa: B023, E731
         y_tri, y_ref = tri(), ref()
         err_ref = ((y_tri.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
         try:
@@ -161,7 +167,7 @@ def moe_section(out_dir, tokens=TOKENS):
         except Exception as exc:  # noqa: BLE001
             log(f"  bf16 peer failed: {type(exc).__name__}: {str(exc)[:200]}")
             peer, err_peer = None, float("nan")
-        n_exp = experts_touched(x, router)
+        n_exp = experts_touched(args)
         b_us, b_bytes, flops = bound_us(T, n_exp)
         t_tri, mode = bench(tri)
         t_peer, peer_mode = bench(peer) if peer else (float("nan"), "-")
@@ -185,7 +191,7 @@ def part_bytes(name: str, T: int, n_experts: int) -> float:
     nvfp4 = 0.5 + 1 / 16  # codes and fp8 block scales per weight
     x = T * H * 2
     return {
-        "route": (E + S) * H * 2 + x,
+        "route": (E + S) * H * 2 + x + T * (E + S) * 4,  # the gate, x, the float32 logits
         "gemm1 routed": n_experts * 2 * I * H * nvfp4 + x + T * TOP_K * I * 2,
         "gemm1 shared": S * 2 * I * H * 2 + x + T * S * I * 2,
         "gemm2 routed": n_experts * H * I * nvfp4 + T * TOP_K * (I + H) * 2,
@@ -203,7 +209,7 @@ def parts(args, n_experts: int, tuned: dict) -> list[dict]:
     T = args[0].shape[0]
     out = []
     for label, cfg in (("tuned", tuned), ("other shared path", other)):
-        _, launches = moe_launcher.launches(*args, config=cfg)
+        _, launches, _ = moe_launcher.sigmoid_launches(*args, config=cfg)
         for _, run in launches:  # fill every buffer once: a part replays on its inputs
             run()
         for name, run in launches:
@@ -222,16 +228,18 @@ def sconv_section(moe_rows):
         r = sconv_case(T, B, moe_us)
         rows.append(r)
         log(
-            f"sconv T={T:5d} B={B:3d}: kv fused {r['fused_us']:.1f} us vs unfused {r['unfused_us']:.1f} us | "
-            f"sconv C=H {r['sconv_h_us']:.1f} us ({r['sconv_h_tbps']:.2f} TB/s) | layer sconvs "
+            f"sconv T={T:5d} B={B:3d}: C=KV {r['sconv_kv_us']:.1f} us | "
+            f"C=H {r['sconv_h_us']:.1f} us ({r['sconv_h_tbps']:.2f} TB/s) | layer sconvs "
             f"{r['layer_sconv_us']:.1f} us = {100 * r['share_of_moe']:.1f}% of the MoE"
         )
     return rows
 
 
 def sconv_case(T, B, moe_us):
+    """A layer's sconvs at T tokens in B sequences: k and v over a full layer's KV channels, the attention
+    and MLP outputs over H (states of K - 1 + MAX_DRAFT rows, as an engine drafting 8 keeps them)."""
     S_rows = K_CONV - 1 + MAX_DRAFT
-    C_kv, BS = HKV * D, 16
+    C_kv = HKV * D
     g = torch.Generator(device=DEV).manual_seed(T)
 
     def rnd(*shape):
@@ -240,37 +248,15 @@ def sconv_case(T, B, moe_us):
     q_lens = [T // B] * B
     cu = torch.tensor([0] + [sum(q_lens[: i + 1]) for i in range(B)], dtype=torch.int32, device=DEV)
     slots = torch.arange(B, dtype=torch.int32, device=DEV)
-    k_raw, v_raw, wk, wv = rnd(T, C_kv), rnd(T, C_kv), rnd(C_kv, K_CONV), rnd(C_kv, K_CONV)
-    st_k, st_v = rnd(B, S_rows, C_kv), rnd(B, S_rows, C_kv)
-    NB = (T + BS - 1) // BS + 4
-    kc, vc = rnd(NB, BS, HKV, D), rnd(NB, BS, HKV, D)
-    slot_mapping = torch.randperm(NB * BS, device=DEV, generator=g)[:T]
+    x_kv, w_kv, st_kv = rnd(T, C_kv), rnd(C_kv, K_CONV), rnd(B, S_rows, C_kv)
     xh, wh, st_h = rnd(T, H), rnd(H, K_CONV), rnd(B, S_rows, H)
-
-    def fused():
-        return torch.ops.inkling.sconv_kv_write(
-            k_raw, v_raw, wk, wv, st_k, st_v, slots, cu, kc, vc, slot_mapping, "triton"
-        )
-
-    def unfused():
-        k = torch.ops.inkling.sconv(k_raw, wk, st_k, slots, cu, "triton").view(T, HKV, D)
-        v = torch.ops.inkling.sconv(v_raw, wv, st_v, slots, cu, "triton").view(T, HKV, D)
-        kc.view(-1, HKV, D).index_copy_(0, slot_mapping, k)
-        vc.view(-1, HKV, D).index_copy_(0, slot_mapping, v)
-        return k, v
-
-    def sconv_h():
-        return torch.ops.inkling.sconv(xh, wh, st_h, slots, cu, "triton")
-
-    t_f, _ = bench(fused)
-    t_u, _ = bench(unfused)
-    t_h, _ = bench(sconv_h)
-    layer_sconv = t_f * 1e3 + 2 * t_h * 1e3  # k+v fused, o and m on H channels
+    t_kv, _ = bench(lambda: torch.ops.inkling.sconv(x_kv, w_kv, st_kv, slots, cu, "triton"))
+    t_h, _ = bench(lambda: torch.ops.inkling.sconv(xh, wh, st_h, slots, cu, "triton"))
+    layer_sconv = 2 * t_kv * 1e3 + 2 * t_h * 1e3
     bytes_h = 2 * T * H * 2
     return dict(
-        T=T, B=B, fused_us=t_f * 1e3, unfused_us=t_u * 1e3, sconv_h_us=t_h * 1e3,
-        sconv_h_tbps=bytes_h / (t_h * 1e-3) / 1e12, layer_sconv_us=layer_sconv,
-        moe_us=moe_us, share_of_moe=layer_sconv / moe_us,
+        T=T, B=B, sconv_kv_us=t_kv * 1e3, sconv_h_us=t_h * 1e3, sconv_h_tbps=bytes_h / (t_h * 1e-3) / 1e12,
+        layer_sconv_us=layer_sconv, moe_us=moe_us, share_of_moe=layer_sconv / moe_us,
     )  # fmt: skip
 
 
@@ -293,7 +279,7 @@ def plot(rows, path):
     ax.set_yscale("log")
     ax.set_xlabel("tokens T")
     ax.set_ylabel("time per MoE layer (us)")
-    ax.set_title("expert_sink_moe, inkling-bench shapes, H200")
+    ax.set_title(f"sigmoid_sink_moe, real shapes, {torch.cuda.get_device_name()}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -303,12 +289,13 @@ def plot(rows, path):
 def write_md(moe_rows, sconv_rows, path):
     gpu = torch.cuda.get_device_name()
     lines = [
-        "# expert_sink_moe and sconv on the GPU",
+        "# The real MoE (sigmoid_sink_moe) and sconv on the GPU",
         "",
         f"Command: `PYTHONPATH=. python3 bench/moe.py --out $OUT`; GPU: {gpu}; date: {datetime.date.today()}; "
         f"torch {torch.__version__}, triton {triton.__version__}. Medians of CUDA-graph replays (reference: eager).",
         "",
-        f"inkling-bench MoE: H {H}, I {I}, E {E} NVFP4 routed top-{TOP_K}, S {S} bf16 shared; random data, bf16 activations.",
+        f"The real MoE layer: H {H}, I {I}, E {E} NVFP4 routed top-{TOP_K}, S {S} bf16 shared, the sigmoid router; "
+        "random data, bf16 activations.",
         "",
         "| T | experts touched | bound (us) | Triton (us) | x bound | TFLOP/s | TB/s | bf16 peer (us) | reference (us) | rel. err vs ref |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -326,11 +313,11 @@ def write_md(moe_rows, sconv_rows, path):
             f"| {T} | {p['config']} | {p['part']} | {p['us']:.1f} | {p['bound_us']:.1f} | {p['bound_us'] / p['us']:.0%} |"
             for T, p in part_rows
         ]
-    lines += ["", "| T | B | sconv_kv_write fused (us) | 2 sconv + cache write (us) | sconv C=H (us) | layer sconvs (us) | % of MoE |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| T | B | sconv C=KV (us) | sconv C=H (us) | layer's four sconvs (us) | % of MoE |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for r in sconv_rows:
         lines.append(
-            f"| {r['T']} | {r['B']} | {r['fused_us']:.1f} | {r['unfused_us']:.1f} | {r['sconv_h_us']:.1f} | "
+            f"| {r['T']} | {r['B']} | {r['sconv_kv_us']:.1f} | {r['sconv_h_us']:.1f} | "
             f"{r['layer_sconv_us']:.1f} | {100 * r['share_of_moe']:.1f} |"
         )
     with open(path, "w") as f:
@@ -352,10 +339,10 @@ def launch_only(T: int) -> None:
         cfg = next(c for c in reversed(moe_launcher._candidates(T)) if "maxnreg" not in c["gemm1"])
         configs = (("tune()'s last uncapped candidate", cfg),)
     for name, cfg in configs:
-        moe_launcher.expert_sink_moe(*args, config=cfg)  # compiles
+        moe_launcher.sigmoid_sink_moe(*args, config=cfg)  # compiles
         torch.cuda.synchronize()
         for _ in range(3):
-            moe_launcher.expert_sink_moe(*args, config=cfg)
+            moe_launcher.sigmoid_sink_moe(*args, config=cfg)
         torch.cuda.synchronize()
         log(f"launched {name}: {json.dumps(cfg)}")
 
@@ -364,9 +351,9 @@ def launch_times(args: tuple, cfg: dict, want: torch.Tensor, keep) -> tuple[floa
     """The op with `cfg`: its relative error against `want` (the reference's float32 output), and the
     launches whose names `keep` accepts, each timed alone (µs, CUDA-graph replays). Every launch runs once
     in order first, so that each can then be replayed alone."""
-    y = moe_launcher.expert_sink_moe(*args, config=cfg).float()
+    y = moe_launcher.sigmoid_sink_moe(*args, config=cfg).float()
     err = float((y - want).norm() / want.norm())
-    _, launches = moe_launcher.launches(*args, config=cfg)
+    _, launches, _ = moe_launcher.sigmoid_launches(*args, config=cfg)
     for _, run in launches:
         run()
     return err, {name: bench(run)[0] * 1e3 for name, run in launches if keep(name)}
@@ -404,12 +391,12 @@ def decode_sweep(configs, tokens, path: str) -> None:
     rows = []
     for T in tokens:
         args = op_args(layer, T, seed=T)
-        want = torch.ops.inkling.expert_sink_moe(*args, "", "reference").float()
-        n_exp = experts_touched(args[0], args[1])
+        want = reference(args).float()
+        n_exp = experts_touched(args)
         for name, cfg in configs(T):
             try:
                 err, times = launch_times(args, cfg, want, lambda part: "routed" in part)
-                op_us = moe_launcher._time(args, cfg) * 1e3
+                op_us = moe_launcher._time(moe_launcher.sigmoid_sink_moe, args, cfg) * 1e3
             except Exception as exc:  # noqa: BLE001
                 log(f"T={T} {name}: failed {type(exc).__name__}: {str(exc)[:300]}")
                 continue
@@ -445,7 +432,7 @@ def prefill_tiles(out_dir: str, T: int) -> None:
     replays, TFLOP/s against 790, the whole op's error against the reference. Writes prefill_tiles.json."""
     layer = make_layer()
     args = op_args(layer, T, seed=T)
-    want = torch.ops.inkling.expert_sink_moe(*args, "", "reference").float()
+    want = reference(args).float()
     flops = {"gemm1 routed": 2 * T * TOP_K * 2 * I * H, "gemm2 routed": 2 * T * TOP_K * I * H,
              "gemm1 shared": 2 * T * S * 2 * I * H, "gemm2 shared": 2 * T * S * I * H}  # fmt: skip
     rows = []
@@ -523,8 +510,8 @@ def overlap(out_dir: str, tokens=(1, 8, 64)) -> None:
             row = dict(T=T, shared=shared, kernel=base.get("kernel", "mma"))
             ys = {}
             for mode, cfg in (("serial", base), ("overlap", {**base, "overlap": True})):
-                ys[mode] = moe_launcher.expert_sink_moe(*args, config=cfg)
-                row[f"{mode}_us"] = moe_launcher._time(args, cfg) * 1e3
+                ys[mode] = moe_launcher.sigmoid_sink_moe(*args, config=cfg)
+                row[f"{mode}_us"] = moe_launcher._time(moe_launcher.sigmoid_sink_moe, args, cfg) * 1e3
             row["max_abs_diff"] = float((ys["serial"].float() - ys["overlap"].float()).abs().max())
             rows.append(row)
             log(

@@ -4,7 +4,7 @@
     python -m bench.sm90 --out DIR --decode 131072   # a batch-1 decode over that many keys instead
 
 Triton compiles for a named target without a device, and its bundled ptxas reports registers, spills and
-barriers. For each prefill variant of bench/attention.py (the default tiles first) this writes a table of:
+barriers. For each prefill variant (PREFILL_VARIANTS, the launcher's tiles first) this writes a table of:
 - registers per thread and spill bytes (stores + loads to local memory);
 - shared memory per program;
 - counts in the PTX of `cp.async` (the loads Triton's software pipeline issues ahead of their use: a loop
@@ -13,7 +13,7 @@ barriers. For each prefill variant of bench/attention.py (the default tiles firs
 For a decode (`--decode KV`: one query, batch 1, the launcher's split count) the table adds how many
 programs fit on an SM by registers and by shared memory (H100/H200: 64K registers, 228 KB).
 
-These say whether a variant can run well, not how fast it runs: only the GPU says that (bench/attention.py).
+These say whether a variant can run well, not how fast it runs: only the GPU says that (bench/bank_attention.py).
 It was how we found that the scratch shear's barriers left its tile loop without a pipeline.
 The kernel is compiled as the launcher would launch it (`launcher.kernel_constexprs`), bf16, with the
 pointers and strides that are multiples of 16 marked so (as Triton's launch specialises them).
@@ -38,8 +38,9 @@ from triton.compiler import ASTSource
 from plugins.attention import kernels
 from plugins.attention.launcher import AttentionConfig, choose_config, kernel_constexprs, table_dtype
 
-# inkling-bench's attention (bench/attention.py): Hq 64, Hkv 8, D 128, Dr 32, R 8192, 16-token pages
-HQ, HKV, D, DR, R, PAGE = 64, 8, 128, 32, 8192, 16
+# the real full layer: Hq 64, Hkv 8, D 128, d_rel 16, the bank's table of X + 1 = 1025 rows shared by the
+# heads (stride 0), 16-token pages
+HQ, HKV, D, DR, R, PAGE = 64, 8, 128, 16, 1025, 16
 POINTERS = {
     "q_ptr": "*bf16", "r_ptr": "*bf16", "e_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
     "block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
@@ -54,11 +55,34 @@ PTX_COUNTS = {
 }
 
 
+PREFILL_VARIANTS = [
+    # the relative band sheared through a scratch per tile (the earlier default), and the chunk form's settings
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="scratch"),
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="scratch", table_dtype="bfloat16"),
+    # a bf16 table: half the bytes written and read per chunk (the term rounded to bf16)
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", table_dtype="bfloat16"),
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, num_stages=3, shear="chunk"),
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", chunk_tiles=7),
+    AttentionConfig(
+        heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", chunk_tiles=7, table_dtype="bfloat16"
+    ),
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", unmasked_chunks=False),
+    AttentionConfig(
+        heads=1, block_q=64, block_n=128, num_splits=1, num_warps=8, shear="chunk", chunk_tiles=2
+    ),
+    # the kernel's floor without the relative term (not the op's math): the default's tiles, and larger ones
+    AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="scratch", relative=False),
+    AttentionConfig(
+        heads=1, block_q=128, block_n=64, num_splits=1, num_warps=8, shear="scratch", relative=False
+    ),
+]
+
+
 def int_args(seq: int, num_splits: int) -> dict[str, int]:
     """The kernel's integer arguments for one sequence of `seq` tokens (values decide divisibility only)."""
     kv_row = HKV * D
     return dict(
-        stride_qt=HQ * D, stride_qh=D, stride_rt=HQ * DR, stride_rh=DR, stride_eh=R * DR, stride_er=DR,
+        stride_qt=HQ * D, stride_qh=D, stride_rt=HQ * DR, stride_rh=DR, stride_eh=0, stride_er=DR,
         stride_kb=PAGE * kv_row, stride_ks=kv_row, stride_kh=D, stride_vb=PAGE * kv_row, stride_vs=kv_row,
         stride_vh=D, stride_bt=-(-seq // PAGE), stride_ot=HQ * D, stride_oh=D, num_tokens=seq, num_q_heads=HQ,
         num_splits=num_splits, R=R, window=1 << 30,
@@ -93,14 +117,16 @@ def compile_sm90(kernel, pointers: dict, ints: dict, floats: tuple, constexprs: 
 def compile_attention(config: AttentionConfig, seq: int, kv: int | None = None):
     """The attention kernel compiled for sm_90 as a prefill of `seq` tokens with `config` would launch it,
     or (kv given) a decode of one query over `kv` keys."""
-    constexprs = kernel_constexprs(config, 1 if kv else seq, HQ // HKV, D, DR, PAGE, torch.bfloat16)
+    constexprs = kernel_constexprs(
+        config, 1 if kv else seq, HQ // HKV, D, DR, PAGE, torch.bfloat16, log_scale=True
+    )
     constexprs["INTERPRET"] = False
     scratch = "*bf16" if table_dtype(config) == torch.bfloat16 else "*fp32"
     ints = int_args(kv or seq, config.num_splits)
     if kv:
         ints["num_tokens"] = 1
     return compile_sm90(
-        kernels.sheared_bias_attention_kernel, {**POINTERS, "scratch_ptr": scratch},
+        kernels.bank_attention_kernel, {**POINTERS, "scratch_ptr": scratch},
         ints, ("scale", "log_floor", "log_alpha"), constexprs, config.num_warps, config.num_stages,
     )  # fmt: skip
 
@@ -143,14 +169,14 @@ def report(config: AttentionConfig, seq: int, kv: int | None = None) -> dict:
 
 def decode_variants(kv: int) -> list[AttentionConfig]:
     """The launcher's choice for a batch-1 decode over `kv` keys, then its other forms: the relative term as
-    a dot or a GEMV, block_n 64 and 128, two and three stages; the GEMV reducing 8 or 16 of Dr's columns
+    a dot or a GEMV, block_n 64 and 128, two and three stages; the GEMV reducing 4 or 8 of d_rel's columns
     at a time (rel_slice)."""
     default = choose_config(1, HQ, HKV, 1, kv, 132)
     out = [default]
     for rel_dot in (False, True):
         for block_n in (64, 128):
             for stages in (2, 3):
-                for rel_slice in (0,) if rel_dot else (0, 8, 16):
+                for rel_slice in (0,) if rel_dot else (0, 4, 8):
                     c = dataclasses.replace(
                         default, rel_dot=rel_dot, block_n=block_n, num_stages=stages, rel_slice=rel_slice
                     )
@@ -174,9 +200,7 @@ def short(config: AttentionConfig) -> str:
 
 
 def variants(seq: int) -> list[AttentionConfig]:
-    """The launcher's choice for a prefill of `seq` tokens, then bench/attention.py's prefill variants."""
-    from bench.attention import PREFILL_VARIANTS
-
+    """The launcher's choice for a prefill of `seq` tokens, then PREFILL_VARIANTS."""
     default = choose_config(1, HQ, HKV, seq, seq, 132)
     return [default] + [c for c in PREFILL_VARIANTS if c != default]
 
@@ -188,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="compile the variants whose repr contains this")
     ap.add_argument("--decode", type=int, default=0, help="a batch-1 decode over this many keys instead")
     args = ap.parse_args(argv)
-    if not isinstance(kernels.sheared_bias_attention_kernel, triton.runtime.jit.JITFunction):
+    if not isinstance(kernels.bank_attention_kernel, triton.runtime.jit.JITFunction):
         # TRITON_INTERPRET=1 (the tests) made this process's kernels, triton.language's too, interpreted
         # ones, which cannot be compiled: compile in a process without it.
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -4,7 +4,7 @@
     python -m bench.sm90_moe --out DIR --bd [--tile 1,64,256,4,3]     # the decode kernel at T = 1
 
 Compiles `moe_gemm_kernel` (plugins/moe/kernels.py) for sm_90 at a prefill tile (block_m, block_n, block_k,
-warps, stages, and optionally a register cap per thread; tune()'s choice at T = 4096 on the H200 by default) as three launches of inkling-bench's
+warps, stages, and optionally a register cap per thread; tune()'s choice at T = 4096 on the H200 by default) as three launches of the real layer's
 MoE: the routed NVFP4 GEMM 1 (gate and up) and GEMM 2, and the bf16 shared GEMM 1. Disassembles the
 cubin with the nvdisasm Triton bundles and counts the SASS instructions of the K loop's body (the block
 that ends in the loop's backward branch), by opcode. Per K step and thread, that is the work the
@@ -29,7 +29,7 @@ import triton
 
 from bench.sm90 import compile_sm90, ptxas_report
 
-H, I, E, TOP_K, S = 7168, 2560, 256, 6, 2  # inkling-bench (bench/moe.py)
+H, I, E, TOP_K, S = 6144, 3072, 256, 6, 2  # the real MoE layer (bench/moe.py)
 LAUNCHES = {  # name: (NVFP4, GATED, N, K)
     "gemm1 routed (NVFP4)": (True, True, I, H),
     "gemm2 routed (NVFP4)": (True, False, H, I),

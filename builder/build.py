@@ -51,14 +51,13 @@ OPS = ("sconv", "kv_cache_write", "bank_attention", "sigmoid_sink_moe")
 
 
 def resolve_impls(bc: BuildConfig) -> dict[str, str]:
-    """Each op's impl from the plugin config (Triton on a CUDA engine by default): the attention ops follow
-    `sheared_bias_attention`, the MoE `expert_sink_moe` (the kernels they share)."""
+    """Each op's impl from its plugin family's setting (Triton on a CUDA engine by default)."""
     resolved = bc.plugin_config.resolve(bc.device)
     return {
         "sconv": resolved["sconv"],
-        "kv_cache_write": resolved["sheared_bias_attention"],
-        "bank_attention": resolved["sheared_bias_attention"],
-        "sigmoid_sink_moe": resolved["expert_sink_moe"],
+        "kv_cache_write": resolved["attention"],
+        "bank_attention": resolved["attention"],
+        "sigmoid_sink_moe": resolved["moe"],
     }
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 DTYPES = ("bfloat16", "float32")
 DEVICES = ("cpu", "cuda")
-PLUGINS = ("sheared_bias_attention", "sconv", "expert_sink_moe", "mtp_draft")
+# The plugin families an engine's ops come from: "attention" (bank_attention, kv_cache_write), "sconv" and
+# "moe" (sigmoid_sink_moe); the tensor-parallel collectives have their own setting below.
+PLUGINS = ("attention", "sconv", "moe")
 
 
 class BuildError(ValueError):
@@ -34,14 +36,12 @@ def _require(cond: bool, msg: str) -> None:
 class PluginConfig:
     """Which implementation each plugin op uses: "auto" picks triton on CUDA and reference elsewhere."""
 
-    sheared_bias_attention: str = "auto"
+    attention: str = "auto"
     sconv: str = "auto"
-    expert_sink_moe: str = "auto"
-    mtp_draft: str = "auto"
+    moe: str = "auto"
     # inkling::reduce_scatter / all_gather of tensor-parallel engines: "reference" runs torch.distributed
     # (gloo on CPU, NCCL on CUDA), "triton" the Lamport kernel for small messages (CUDA, one host).
     collectives: str = "auto"
-    fuse_sconv_kv_write: bool = True
     tune: bool = True  # time the Triton kernels' tile choices at build time (CUDA engines)
     # tune only the token buckets sampled at no more than this many tokens (the others keep the default
     # tiles): a decode-only benchmark spends seconds instead of minutes in the prefill buckets

@@ -1,7 +1,7 @@
 """The MTP heads' draft vocabulary: an opt-in subset of the tokens the heads may draft.
 
-Each head's draft pick (`inkling::mtp_draft`) reads the whole lm_head: 200192 × 7168 bf16, 2.87 GB, as
-much as the rest of an inkling-bench decode step's weights (bench/results/history.md, "MTP"). Drafts only decide
+Each head's draft pick (the argmax of the shared unembedding) reads the whole lm_head: 200058 × 6144 bf16,
+2.46 GB, a large share of a decode step's bytes at small batch. Drafts only decide
 speed (the main model verifies every draft with the whole vocabulary, and rejection sampling treats a
 draft as a point mass), so a head may draft from the tokens a workload actually uses: with 32768 of
 them, a pick reads 6.1× fewer bytes. A token outside the subset is never drafted; where the main model

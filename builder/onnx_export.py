@@ -8,7 +8,7 @@ its default is written with that value) plus the plugin's `version` (and `weight
 reads packed weights). Everything else is
 standard ONNX (torch.onnx's dynamo exporter, opset 18+).
 
-Mutating plugins (kv_cache_write, sconv, sconv_kv_write) become functional nodes: after the op's own
+Mutating plugins (kv_cache_write, sconv) become functional nodes: after the op's own
 outputs, one extra output per argument the op writes in place (in argument order), as ONNX LLM
 exports write past -> present. The graph threads each new cache/state into the next node that reads
 it, and the final values are graph outputs `<input>_out` (e.g. `key_caches_0_out`, `conv_states_3_out`);

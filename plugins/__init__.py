@@ -8,7 +8,7 @@ import importlib
 
 from .registry import PluginSpec, all_plugins, get  # noqa: F401
 
-_OP_MODULES = ("attention", "sconv", "moe", "mtp", "collectives")
+_OP_MODULES = ("attention", "sconv", "moe", "collectives")
 
 for _name in _OP_MODULES:
     try:

@@ -6,7 +6,7 @@ Conventions (docs/interfaces.md):
   a plugin attribute recorded in the exported program the way TensorRT serialises plugin fields;
 - "reference" is plain PyTorch on any device; "triton" needs CUDA (or TRITON_INTERPRET=1 on CPU tensors);
 - each op has a fake (meta) implementation so that torch.export can trace it;
-- an op that reads weights has `pack_weights()` and a weight-layout version.
+- an op that reads weights in a layout of its own records a weight-layout version.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The MTP heads' rounds (INKLING_SPEC §5 "Decoding"): after each step, every drafting sequence's heads
-catch up over its new positions, and those that draft pick their tokens with `inkling::mtp_draft`.
+catch up over its new positions, and those that draft pick their tokens (the argmax of the shared unembedding).
 
 ModelRunner owns the heads' programs, weights, KV caches and sconv states (and their CUDA graphs,
 runtime/step_graphs.py); the Drafter builds each head pass's inputs, keeps the hidden-state ring the

@@ -59,9 +59,8 @@ def fed_tokens(seq: Sequence, drafts: list[int], start: int, n: int) -> list[int
     return seq.token_range(min(start, K), K) + drafts[max(0, start - K) : start + n - K]
 
 
-# The ops a graph may hold once they run their Triton kernels (no host sync): the earlier model's and the
-# real Inkling's (bank_attention, sigmoid_sink_moe)
-GRAPH_OPS = ("sheared_bias_attention", "bank_attention", "sconv", "expert_sink_moe", "sigmoid_sink_moe")
+# The ops a graph may hold once they run their Triton kernels (no host sync)
+GRAPH_OPS = ("bank_attention", "sconv", "sigmoid_sink_moe")
 
 
 def default_cuda_graphs(device: torch.device, impls: dict, tp_size: int) -> bool:

@@ -10,7 +10,7 @@ touches real state (docs/interfaces.md):
 - padding tokens fill padding sequences of at most Q_g tokens each (seq_len = q_len); the remaining
   padding sequences have q_len 0, so every row belongs to some sequence and every output row is defined
   (the split-KV reduction reads every row's partials);
-- padding rows have slot_mapping -1: `kv_cache_write` and `sconv_kv_write` skip them;
+- padding rows have slot_mapping -1: `kv_cache_write` skips them;
 - padding sequences have state index -1 ("no state": x[t<0] = 0, nothing saved), which every sconv op
   honours; the exported programs fix the state tensors at max_batch_size slots, so there is no room for
   a scratch slot and none is needed;
@@ -29,8 +29,8 @@ rows). Every op is sync-free with shapes taken from the bucket: attention picks 
 splits from (B_g, T_g, block-table width) on the host and each split walks its share of the device-side
 seq_len; the MoE sizes its routing buffers from a static bound. What stays outside: building the
 inputs on the host, the copy into the static buffers, sampling and rollback. A drafting MTP head pass's
-graph (HEAD_PICK_ARGS) also holds its `inkling::mtp_draft` pick, which reads and writes the drafter's
-device buffer of drafts.
+graph (HEAD_PICK_ARGS) also holds its draft pick (the unembedding's argmax), which reads and writes the
+drafter's device buffer of drafts.
 
 `pad_eager` (tests): no graphs, but the same buckets, padding and static buffers, run eagerly, so the
 padding is testable on the CPU.

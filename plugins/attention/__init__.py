@@ -1,12 +1,13 @@
-"""Plugin `sheared_bias_attention`: causal GQA attention with the relative term (INKLING_SPEC §3.1)
-over the paged KV cache, and `kv_cache_write`, which fills that cache (docs/interfaces.md).
+"""The attention plugin: `bank_attention`, the real Inkling's causal GQA attention with its relative bank
+and log scaling (INKLING_SPEC §3.4) over the paged KV cache, and `kv_cache_write`, which fills that cache
+(docs/interfaces.md).
 
 Ops (namespace `inkling`; last argument `impl`: "reference" | "triton"):
 - kv_cache_write(k [T, Hkv, D], v, key_cache [NB, BS, Hkv, D] (mutated), value_cache (mutated),
   slot_mapping int64 [T] (-1 = skip), impl) -> ()
-- sheared_bias_attention(q [T, Hq, D], r [T, Hq, Dr], rel_embed [Hq, R, Dr], key_cache, value_cache,
-  block_table int32 [B, MB], cu_seqlens_q int32 [B+1], seq_lens int32 [B], max_seqlen_q, window,
-  scale, impl) -> out [T, Hq, D]
+- bank_attention(q [T, Hq, D], r [T, Hq, d_rel], bank [d_rel, X], key_cache, value_cache,
+  block_table int32 [B, MB], cu_seqlens_q int32 [B+1], seq_lens int32 [B], max_seqlen_q, window (0: full),
+  scale, log_floor (0: none), log_alpha, impl) -> out [T, Hq, D]
 
 The "triton" impl never synchronises with the host (CUDA-graph safe): tiles and the number of KV
 splits come from shapes, max_seqlen_q and the block table's capacity. Rows of `out` past
@@ -21,13 +22,6 @@ from ..registry import PluginSpec, check_impl, register
 from ..triton_utils import can_run_triton
 from . import reference
 
-SPEC = register(
-    PluginSpec(
-        name="sheared_bias_attention",
-        version=1,
-        doc="paged GQA attention with the in-kernel sheared relative term; prefill, verify, split-KV decode",
-    )
-)
 KV_WRITE_SPEC = register(
     PluginSpec(name="kv_cache_write", version=1, doc="scatter new K/V rows into the paged cache")
 )
@@ -64,65 +58,10 @@ def _(k, v, key_cache, value_cache, slot_mapping, impl) -> None:
     return None
 
 
-@torch.library.custom_op("inkling::sheared_bias_attention", mutates_args=())
-def sheared_bias_attention(
-    q: torch.Tensor,
-    r: torch.Tensor,
-    rel_embed: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seqlen_q: int,
-    window: int,
-    scale: float,
-    impl: str,
-) -> torch.Tensor:
-    check_impl(SPEC.name, impl)
-    args = (
-        q,
-        r,
-        rel_embed,
-        key_cache,
-        value_cache,
-        block_table,
-        cu_seqlens_q,
-        seq_lens,
-        max_seqlen_q,
-        window,
-        scale,
-    )
-    if impl == "triton":
-        _require_triton(SPEC.name, q)
-        from . import launcher
-
-        return launcher.sheared_bias_attention(*args)
-    return reference.sheared_bias_attention(*args)
-
-
-@sheared_bias_attention.register_fake
-def _(
-    q,
-    r,
-    rel_embed,
-    key_cache,
-    value_cache,
-    block_table,
-    cu_seqlens_q,
-    seq_lens,
-    max_seqlen_q,
-    window,
-    scale,
-    impl,
-):
-    return torch.empty_like(q)
-
-
 BANK_SPEC = register(
     PluginSpec(
         name="bank_attention",
-        version=2,  # 2: the Triton kernel (the sheared-bias kernel on the bank's table)
+        version=2,  # 2: the Triton kernel
         doc="the real Inkling's paged GQA attention: q/k normed, 1/D, the layer's shared relative bank "
         "(zero beyond its extent), log scaling; prefill, verify, split-KV decode",
     )
@@ -169,4 +108,4 @@ def _(q, r, bank, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, m
     return torch.empty_like(q)
 
 
-__all__ = ["SPEC", "KV_WRITE_SPEC", "BANK_SPEC", "kv_cache_write", "sheared_bias_attention", "bank_attention"]
+__all__ = ["KV_WRITE_SPEC", "BANK_SPEC", "kv_cache_write", "bank_attention"]

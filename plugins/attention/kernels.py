@@ -512,7 +512,7 @@ def _fill_relative_table(
 
 
 @triton.jit
-def sheared_bias_attention_kernel(
+def bank_attention_kernel(
     q_ptr,  # [T, Hq, D]
     r_ptr,  # [T, Hq, DR]
     e_ptr,  # [Hq, R, DR]

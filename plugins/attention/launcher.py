@@ -60,7 +60,7 @@ class AttentionConfig:
     # a runtime branch in the tile loop. False: every tile takes the band path, which clamps distances
     # itself (the same result; for launches whose tiles are never wholly past R - 1).
     far_test: bool = True
-    # False: no relative term at all. A timing probe of the kernel's floor for bench/attention.py, whose
+    # False: no relative term at all. A timing probe of the kernel's floor (bench/sm90.py's variants), whose
     # result is NOT the op's; choose_config never sets it.
     relative: bool = True
 
@@ -181,8 +181,8 @@ def choose_config(
         # graph-timed: 64 splits 0.203 ms against 0.235 at 33). Decode (one query) at any length, down to one
         # KV tile a split: in the e2e's batch-1 step every layer had taken 23.3 us, a 4K-window layer (16
         # splits of 2 tiles) as long as a full 8K one (33 of 2), each reading its KV and relative table cold;
-        # with 32 and 64 splits, 20.0 us (bench/results/gpu-2026-12-01/s19-attn/). bench/attention.py, which
-        # replays one layer from a warm L2, put 64 splits for the full layer 13% behind 32 (0.0346 against
+        # with 32 and 64 splits, 20.0 us (bench/results/gpu-2026-12-01/s19-attn/). The earlier model's attention
+        # bench, which replayed one layer from a warm L2, put 64 splits for the full layer 13% behind 32 (0.0346 against
         # 0.0306 ms) and 32 for the window 8% ahead of 16.
         target = 4 * num_sms
         if max_seqlen_q == 1 and not small:
@@ -205,15 +205,15 @@ def choose_config(
 
 def _check(cond: bool, msg: str) -> None:
     if not cond:
-        raise ValueError(f"sheared_bias_attention: {msg}")
+        raise ValueError(f"bank_attention: {msg}")
 
 
 def kernel_constexprs(
     config: AttentionConfig, max_seqlen_q: int, group: int, D: int, Dr: int, page: int, dtype: torch.dtype,
-    log_scale: bool = False, zero_far: bool = False,
+    log_scale: bool = False,
 ) -> dict:  # fmt: skip
     """The attention kernel's compile-time arguments for a launch (bench/sm90.py compiles the same);
-    log_scale and zero_far: the real Inkling's log scaling and a table whose last row is zero."""
+    log_scale: the full layers' log scaling. The table's last row is zero (the term beyond the extent)."""
     one_head_tiles = config.heads == 1 and max_seqlen_q > 1
     rel_gemv = config.rel_gemv and config.heads > 1 and max_seqlen_q > 1
     u_width = 0
@@ -243,7 +243,7 @@ def kernel_constexprs(
         UNMASKED_CHUNKS=config.unmasked_chunks,
         INTERPRET=interpreting(),
         LOG_SCALE=log_scale,
-        ZERO_FAR=zero_far,
+        ZERO_FAR=True,
     )
 
 
@@ -287,35 +287,6 @@ def _check_common(q, r, key_cache, value_cache, block_table, cu_seqlens_q, seq_l
     _check(block_table.stride(1) == 1, "block_table must be contiguous in its last dim")
 
 
-def sheared_bias_attention(
-    q: torch.Tensor,  # [T, Hq, D]
-    r: torch.Tensor,  # [T, Hq, Dr]
-    rel_embed: torch.Tensor,  # [Hq, R, Dr]
-    key_cache: torch.Tensor,  # [NB, BS, Hkv, D]
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,  # int32 [B, MB]
-    cu_seqlens_q: torch.Tensor,  # int32 [B + 1]
-    seq_lens: torch.Tensor,  # int32 [B]
-    max_seqlen_q: int,
-    window: int,
-    scale: float,
-    config: AttentionConfig | None = None,
-) -> torch.Tensor:
-    """The earlier model's per-head table E [Hq, R, Dr], its distances clipped at R - 1."""
-    _check_common(q, r, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens)
-    Hq, Dr = q.shape[1], r.shape[-1]
-    _check(
-        rel_embed.dim() == 3 and rel_embed.shape[0] == Hq and rel_embed.shape[2] == Dr,
-        f"rel_embed {tuple(rel_embed.shape)} must be [Hq, R, Dr={Dr}]",
-    )
-    _check(rel_embed.stride(-1) == 1, "rel_embed must be contiguous in its last dim")
-    table = _Table(rel_embed, rel_embed.stride(0), rel_embed.stride(1), rel_embed.shape[1], zero_far=False)
-    return _attention(
-        q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window, scale,
-        0.0, 0.0, config,
-    )  # fmt: skip
-
-
 def bank_table(bank: torch.Tensor) -> torch.Tensor:
     """The kernel's relative table of a [d_rel, X] bank: [X + 1, d_rel], row x = P[:, x], row X zero (the
     term beyond the extent, where the kernel clips distances)."""
@@ -341,36 +312,23 @@ def bank_attention(
     log_alpha: float,
     config: AttentionConfig | None = None,
 ) -> torch.Tensor:
-    """The real Inkling's attention (INKLING_SPEC §3.4) on the same kernel: one table for every head
-    (stride 0 between heads), zero from distance X on, the log scaling of full layers."""
+    """The real Inkling's attention (INKLING_SPEC §3.4): one relative table for every head (stride 0 between
+    heads), zero from distance X on, the log scaling of full layers."""
     _check(bank.dim() == 2 and bank.shape[0] == r.shape[-1], f"bank {tuple(bank.shape)} must be [d_rel, X]")
     d_rel = r.shape[-1]
     if d_rel < MIN_DR:  # the tensor cores' smallest reduction: zero columns add nothing (toy widths only)
         r = torch.nn.functional.pad(r, (0, MIN_DR - d_rel))
         bank = torch.nn.functional.pad(bank, (0, 0, 0, MIN_DR - d_rel))
     _check_common(q, r, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens)
-    e = bank_table(bank.to(q.dtype))
-    table = _Table(e, 0, e.stride(0), e.shape[0], zero_far=True)
+    table = bank_table(bank.to(q.dtype))
     return _attention(
         q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window, scale,
         float(log_floor), log_alpha, config,
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class _Table:
-    """The relative table the kernel reads: row (h, x) at h * stride_eh + x * stride_er, x clipped to R - 1;
-    zero_far: its row R - 1 is zero."""
-
-    e: torch.Tensor
-    stride_eh: int
-    stride_er: int
-    R: int
-    zero_far: bool
-
-
 def _attention(
-    q, r, table: _Table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window,
+    q, r, table: torch.Tensor, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window,
     scale, log_floor: float, log_alpha: float, config: AttentionConfig | None,
 ) -> torch.Tensor:  # fmt: skip
     T, Hq, D = q.shape
@@ -398,9 +356,7 @@ def _attention(
     else:
         o_part = lse_part = out  # unused
     grid = (triton.cdiv(max_seqlen_q, config.block_q), B * (Hq // config.heads), splits)
-    constexprs = kernel_constexprs(
-        config, max_seqlen_q, group, D, r.shape[-1], BS, q.dtype, log_floor > 0, table.zero_far
-    )
+    constexprs = kernel_constexprs(config, max_seqlen_q, group, D, r.shape[-1], BS, q.dtype, log_floor > 0)
     row = scratch_row(constexprs)
     if row:
         scratch = torch.empty(
@@ -410,12 +366,12 @@ def _attention(
         )
     else:
         scratch = out  # unused
-    kernels.sheared_bias_attention_kernel[grid](
-        q, r, table.e, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, out, o_part, lse_part, scratch,
-        q.stride(0), q.stride(1), r.stride(0), r.stride(1), table.stride_eh, table.stride_er,
+    kernels.bank_attention_kernel[grid](
+        q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, out, o_part, lse_part, scratch,
+        q.stride(0), q.stride(1), r.stride(0), r.stride(1), 0, table.stride(0),  # one table for every head
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_table.stride(0), out.stride(0), out.stride(1), T, Hq, splits, table.R,
+        block_table.stride(0), out.stride(0), out.stride(1), T, Hq, splits, table.shape[0],
         window if window > 0 else FULL_WINDOW, scale, log_floor or 1.0, log_alpha,
         **constexprs,
         num_warps=config.num_warps, num_stages=config.num_stages,

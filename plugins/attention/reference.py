@@ -1,17 +1,15 @@
 """Plain-PyTorch references of the attention plugin's ops, on the paged cache, any device.
 
 Each sequence's keys are gathered through its block table (only the positions its queries may see,
-so freed sliding-window blocks are never touched) and handed to the spec's math,
-`inkling.ops.relative_attention`.
+so freed sliding-window blocks are never touched) and handed to the model's math,
+`inkling.published.ops.bank_attention`.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from inkling.ops import relative_attention
+from inkling.published.ops import bank_attention as attend
 
 
 def kv_cache_write(
@@ -40,44 +38,6 @@ def gather_kv(
     return cache[blocks, positions % block_size]
 
 
-def sheared_bias_attention(
-    q: torch.Tensor,  # [T, Hq, D]
-    r: torch.Tensor,  # [T, Hq, Dr]
-    rel_embed: torch.Tensor,  # [Hq, R, Dr]
-    key_cache: torch.Tensor,  # [NB, BS, Hkv, D]
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,  # int32 [B, MB]
-    cu_seqlens_q: torch.Tensor,  # int32 [B + 1]
-    seq_lens: torch.Tensor,  # int32 [B]
-    max_seqlen_q: int,
-    window: int,
-    scale: float,
-) -> torch.Tensor:
-    out = torch.zeros_like(q)
-    # relative_attention scales by 1/sqrt(D); another scale is folded into q.
-    q_factor = scale * math.sqrt(q.shape[-1])
-    if abs(q_factor - 1.0) > 1e-6:
-        q = q * q_factor
-    cu = cu_seqlens_q.tolist()
-    lens = seq_lens.tolist()
-    for b, seq_len in enumerate(lens):
-        start, end = cu[b], cu[b + 1]
-        q_len = end - start
-        if q_len > max_seqlen_q:
-            raise ValueError(f"sequence {b} has {q_len} new tokens, more than max_seqlen_q={max_seqlen_q}")
-        if q_len == 0:
-            continue
-        first = seq_len - q_len
-        lo = max(0, first - window + 1) if window > 0 else 0
-        positions = torch.arange(lo, seq_len, device=q.device)
-        k = gather_kv(key_cache, block_table[b], positions)
-        v = gather_kv(value_cache, block_table[b], positions)
-        # Keys start at position lo: shift the queries alike (distances, and so the result, are unchanged).
-        q_pos = torch.arange(first, seq_len, device=q.device) - lo
-        out[start:end] = relative_attention(q[start:end], k, v, r[start:end], rel_embed, window, q_pos=q_pos)
-    return out
-
-
 def bank_attention(
     q: torch.Tensor,  # [T, Hq, D], after q_norm
     r: torch.Tensor,  # [T, Hq, d_rel]
@@ -95,8 +55,6 @@ def bank_attention(
 ) -> torch.Tensor:
     """The real Inkling's attention (INKLING_SPEC §3.4) per sequence over its paged keys: only the
     positions its queries may see are gathered, so blocks freed behind a window are never read."""
-    from inkling.published.ops import bank_attention as attend
-
     out = torch.zeros_like(q)
     cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
     for b, seq_len in enumerate(lens):

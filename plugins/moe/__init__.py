@@ -1,8 +1,8 @@
-"""`inkling::expert_sink_moe`: the MoE of INKLING_SPEC §3.3 (before sconv_m) with NVFP4 routed experts.
+"""`inkling::sigmoid_sink_moe`: the real Inkling's MoE (INKLING_SPEC §3.6, before the MLP's sconv).
 
-Routing: softmax over E+S in float32, top-k over the routed E (ties to the lower index), no
-renormalisation; y = Σ_s p_shared_s·Shared_s(x) + Σ_n w_n·Expert_idx_n(x), SwiGLU experts. Routed
-weights come in the layout of `pack.pack_weights()` (WEIGHT_LAYOUT_VERSION); shared experts are bf16.
+The sigmoid router with its selection bias chooses top_k of the E routed experts; the chosen and the S
+shared experts (the sinks) share one normalisation, times route_scale and the learned scale. Routed experts
+are BF16 or NVFP4 (the published layout, de-interleaved by the builder); shared experts are BF16.
 `tile_configs` is "" (built-in tiles) or the JSON of `launcher.tune()`'s table, chosen at build time.
 """
 
@@ -13,66 +13,11 @@ import torch
 from ..registry import PluginSpec, check_impl, register
 from ..triton_utils import can_run_triton
 from . import reference
-from .pack import PACKED_NAMES, WEIGHT_LAYOUT_VERSION, pack_weights  # noqa: F401
-
-SPEC = register(
-    PluginSpec(
-        name="expert_sink_moe",
-        # 2: the tuned tile table may name the "bd" decode kernel (and "stack_gu"), which version 1 would
-        # run as the tensor-core GEMM with a 1-row block
-        version=2,
-        weight_layout_version=WEIGHT_LAYOUT_VERSION,
-        doc="expert-sink MoE, NVFP4 W4A16 grouped GEMMs (§3.3, §9)",
-    )
-)
-
-
-@torch.library.custom_op("inkling::expert_sink_moe", mutates_args=())
-def expert_sink_moe(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    w13: torch.Tensor,
-    w13_scale: torch.Tensor,
-    w13_scale_2: torch.Tensor,
-    w2: torch.Tensor,
-    w2_scale: torch.Tensor,
-    w2_scale_2: torch.Tensor,
-    shared_w13: torch.Tensor,
-    shared_w2: torch.Tensor,
-    num_routed: int,
-    top_k: int,
-    tile_configs: str,
-    impl: str,
-) -> torch.Tensor:
-    check_impl(SPEC.name, impl)
-    args = (x, router_weight, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13, shared_w2)
-    if impl == "reference":
-        return reference.expert_sink_moe(*args, num_routed, top_k)
-    if not can_run_triton(x):
-        raise RuntimeError(
-            "inkling::expert_sink_moe impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1)"
-        )
-    from . import launcher
-
-    config = launcher.select_config(launcher.parse_table(tile_configs), x.shape[0])
-    if config.get("kernel") == "bd" and x.dtype == torch.float32:
-        # bd hands the tensor cores fp16 activations: a float32 network keeps its precision on the GEMV
-        config = {**config, "kernel": "gemv"}
-    return launcher.expert_sink_moe(*args, num_routed, top_k, config=config)
-
-
-@expert_sink_moe.register_fake
-def _expert_sink_moe_fake(
-    x, router_weight, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13, shared_w2,
-    num_routed, top_k, tile_configs, impl,
-):  # fmt: skip
-    return torch.empty_like(x)
-
 
 SIGMOID_SPEC = register(
     PluginSpec(
         name="sigmoid_sink_moe",
-        version=2,  # 2: the Triton kernels (the earlier op's grouped GEMMs behind the sigmoid router)
+        version=2,  # 2: the Triton kernels
         doc="the real Inkling's MoE: sigmoid router with a selection bias, joint weights over the chosen and "
         "shared experts, BF16 or NVFP4 routed stacks (the published layout, de-interleaved)",
     )
@@ -100,7 +45,7 @@ def sigmoid_sink_moe(
     ep_size: int = 1,
 ) -> torch.Tensor:
     """BF16 routed experts pass empty scale tensors; NVFP4 ones their E4M3 block scales and float32 [E]
-    global scales (plugins/moe/reference.py says every shape). tile_configs as expert_sink_moe's.
+    global scales (plugins/moe/reference.py says every shape).
     ep_size > 1: the stacks are this rank's share of the experts (its rank from the process's
     communicator, as the collectives find theirs) and the result its part of the sum."""
     check_impl(SIGMOID_SPEC.name, impl)
@@ -118,7 +63,8 @@ def sigmoid_sink_moe(
 
         config = launcher.select_config(launcher.parse_table(tile_configs), x.shape[0])
         if config.get("kernel") == "bd" and x.dtype == torch.float32:
-            config = {**config, "kernel": "gemv"}  # as expert_sink_moe: float32 keeps its precision
+            # bd hands the tensor cores fp16 activations: a float32 network keeps its precision on the GEMV
+            config = {**config, "kernel": "gemv"}
         return launcher.sigmoid_sink_moe(
             x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
             shared_w2, route_scale, top_k, config=config, expert_offset=offset,

@@ -1,4 +1,4 @@
-"""The decode forms of `inkling::expert_sink_moe`'s routed GEMMs (@triton.jit code only; launcher.py
+"""The decode forms of `inkling::sigmoid_sink_moe`'s routed GEMMs (@triton.jit code only; launcher.py
 drives them). Same blocks, rows and outputs as kernels.moe_gemm_kernel, for calls of a few tokens, where a
 block holds one to four rows:
 

@@ -1,12 +1,12 @@
-"""Triton kernels of `inkling::expert_sink_moe` (@triton.jit code only; launcher.py drives them).
+"""Triton kernels of `inkling::sigmoid_sink_moe` (@triton.jit code only; launcher.py drives them).
 
 Rows. Each token t owns KS = top_k + S rows r = t*KS + j of the intermediate and output buffers:
 j < top_k for its routed choices, j = top_k + s for shared expert s. The combine sums a token's KS
 rows, so no atomics and a deterministic result.
 
-1. route_kernel (one program per token): softmax over E+S in float32, top-k over the routed E with
-   ties to the lower index, the routing weight of every row, and each choice's rank within its
-   expert (an atomic count per expert).
+1. route_kernel (one program per token): the sigmoid router in float32 (top-k of sigmoid + selection bias
+   over the routed E, ties to the lower index), the routing weight of every row, and each choice's rank
+   within its expert (an atomic count per expert).
 2. align_kernel: experts' row ranges padded to BLOCK_M (prefix sums of the counts, recomputed by
    every program), each routed row scattered to its place, and per block its expert and row count.
    Every size comes from static bounds: blocks past the end get expert -1 and exit at once.
@@ -30,8 +30,11 @@ import triton.language as tl
 
 @triton.jit
 def route_kernel(
-    logits_ptr,  # [T, E+S], x @ router.T in the activation dtype
+    logits_ptr,  # [T, E+S], float32 (x @ gate.T summed in float32)
     stride_lt,
+    bias_ptr,  # float32 [E], the selection bias
+    scale_ptr,  # float32 [1], the learned global scale
+    route_scale,
     topk_ids_ptr,  # int32 [T*TOP_K]
     rank_ptr,  # int32 [T*TOP_K]
     counts_ptr,  # int32 [E], zeroed
@@ -47,29 +50,17 @@ def route_kernel(
     BLOCK_E: tl.constexpr,
     TOP_K_P2: tl.constexpr,  # next_power_of_2(TOP_K)
     DIRECT: tl.constexpr = False,  # 1-row blocks: entry t * TOP_K + j is block t * TOP_K + j, no align
-    SIGMOID: tl.constexpr = False,  # the real Inkling's router (below)
-    bias_ptr=None,  # SIGMOID: float32 [E], the selection bias
-    scale_ptr=None,  # SIGMOID: float32 [1], the learned global scale
-    route_scale=1.0,  # SIGMOID
 ):
-    """SIGMOID (INKLING_SPEC §3.6, logits in float32): the choice is top-k of sigmoid(z) + bias over the
-    routed E; a chosen expert's or shared expert's weight is its sigmoid over the sum of the k chosen and
-    the S shared sigmoids, times route_scale and the global scale. Otherwise the earlier model's softmax
-    over E + S, the routed weights the top-k probabilities themselves."""
+    """INKLING_SPEC §3.6: the choice is top-k of sigmoid(z) + bias over the routed E; a chosen expert's or
+    shared expert's weight is its sigmoid over the sum of the k chosen and the S shared sigmoids, times
+    route_scale and the global scale."""
     KS: tl.constexpr = TOP_K + NUM_SHARED
     t = tl.program_id(0)
     offs = tl.arange(0, BLOCK_E)
     valid = offs < E + NUM_SHARED
     z = tl.load(logits_ptr + t * stride_lt + offs, mask=valid, other=float("-inf")).to(tl.float32)
-    if SIGMOID:
-        p = tl.where(valid, 1.0 / (1.0 + tl.exp(-z)), 0.0)
-        bias = tl.load(bias_ptr + offs, mask=offs < E, other=0.0)
-        choice = p + bias
-    else:
-        p = tl.exp(z - tl.max(z, axis=0))
-        p = tl.where(valid, p, 0.0)
-        p = p / tl.sum(p, axis=0)
-        choice = p
+    p = tl.where(valid, 1.0 / (1.0 + tl.exp(-z)), 0.0)
+    choice = p + tl.load(bias_ptr + offs, mask=offs < E, other=0.0)
     # NaN rows (a CUDA-graph bucket's padding rows may read garbage) still pick k distinct valid experts.
     pr = tl.where(offs < E, tl.where(choice == choice, choice, -1e30), -3e38)
     offs_k = tl.arange(0, TOP_K_P2)
@@ -82,10 +73,9 @@ def route_kernel(
         picked = tl.where(offs_k == j, tl.sum(tl.where(offs == idx, p, 0.0), axis=0), picked)
         pr = tl.where(offs == idx, -3e38, pr)
     shared = tl.where(offs >= E, p, 0.0)  # the shared experts' p, in their columns
-    if SIGMOID:
-        norm = route_scale * tl.load(scale_ptr) / (tl.sum(picked, axis=0) + tl.sum(shared, axis=0))
-        picked = picked * norm
-        shared = shared * norm
+    norm = route_scale * tl.load(scale_ptr) / (tl.sum(picked, axis=0) + tl.sum(shared, axis=0))
+    picked = picked * norm
+    shared = shared * norm
     for s in tl.static_range(NUM_SHARED):
         tl.store(route_w_ptr + t * KS + TOP_K + s, tl.sum(tl.where(offs == E + s, shared, 0.0), axis=0))
     # Expert parallelism: the experts held here, by their index in this rank's stacks; another rank's

@@ -1,4 +1,4 @@
-"""Launcher of the expert-sink MoE Triton kernels: checks, buffers, grids and tile configs.
+"""Launcher of the MoE's Triton kernels (`inkling::sigmoid_sink_moe`): checks, buffers, grids and tile configs.
 
 Nothing here reads a device value on the host: every grid comes from shapes (T, E, top_k) and the
 config, so a call can be captured in a CUDA graph. The tile config is an argument; `tune()` picks
@@ -66,7 +66,7 @@ def _fit_k(block_k: int, K: int) -> int:
     while block_k > 32 and K % block_k:
         block_k //= 2
     if K % block_k:
-        raise ValueError(f"expert_sink_moe: reduction size {K} is not a multiple of 32")
+        raise ValueError(f"sigmoid_sink_moe: reduction size {K} is not a multiple of 32")
     return block_k
 
 
@@ -142,46 +142,6 @@ def _side_stream(device_index: int) -> torch.cuda.Stream:
     return torch.cuda.Stream(device=device_index)
 
 
-def expert_sink_moe(
-    *args, config: dict | None = None, router: SigmoidRouter | None = None, expert_offset: int = 0
-) -> torch.Tensor:
-    """The op on the GPU (arguments as `launches`).
-
-    With `"overlap": True` in the config (CUDA only), the shared experts run on a side stream while the
-    routing and the routed GEMMs run on the current one: at decode sizes every one of these kernels
-    leaves bandwidth unused (the routed GEMMs and the routing kernels wait on latency with a few hundred
-    programs), so two at a time fill more of it. Fork and join are stream waits, so the op captures into
-    a CUDA graph as two branches. The shared GEMM 1 starts at once; GEMM 2 waits for the route (its
-    weights). Every buffer is allocated on the current stream before the fork and both streams join
-    before the op returns, so nothing is freed while the side stream may use it.
-    """
-    x = args[0]
-    cfg = config or select_config(None, x.shape[0])
-    y, parts = launches(*args, config=cfg, router=router, expert_offset=expert_offset)
-    if not (cfg.get("overlap") and x.is_cuda and parts):
-        for _, run in parts:
-            run()
-        return y
-    main = torch.cuda.current_stream(x.device)
-    side = _side_stream(x.device.index if x.device.index is not None else torch.cuda.current_device())
-    side.wait_stream(main)
-    routed_ready = torch.cuda.Event()
-    for name, run in parts:
-        if name == "route":
-            run()
-            routed_ready.record(main)
-        elif name in SIDE_PARTS:
-            with torch.cuda.stream(side):
-                if name != "gemm1 shared":  # GEMM 2, or the cuBLAS pair, scales by the route's weights
-                    side.wait_event(routed_ready)
-                run()
-        else:
-            if name == "combine":
-                main.wait_stream(side)
-            run()
-    return y
-
-
 @dataclass(frozen=True)
 class SigmoidRouter:
     """The real Inkling's router (INKLING_SPEC §3.6): float32 logits, the selection bias [E], the learned
@@ -192,15 +152,15 @@ class SigmoidRouter:
     route_scale: float
 
 
-def sigmoid_sink_moe(
+def sigmoid_launches(
     x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
     shared_w2, route_scale: float, top_k: int, config: dict | None = None, expert_offset: int = 0,
-) -> torch.Tensor:  # fmt: skip
-    """`inkling::sigmoid_sink_moe` on the GPU: the same launches as the earlier model's op with the sigmoid
-    router. NVFP4 routed experts (the published layout, one global scale per expert for gate and up) or
-    BF16 ones (empty scale tensors), which take the tensor-core GEMM at every size. Under expert
-    parallelism the stacks hold experts expert_offset .. expert_offset + w13.shape[0] - 1 of the router's
-    E, and the result is this rank's part of the sum (the reference op's contract)."""
+) -> tuple[torch.Tensor, list[tuple[str, Callable[[], None]]], dict]:  # fmt: skip
+    """The op's launches for its arguments (as `inkling::sigmoid_sink_moe`'s, less tile_configs and impl):
+    (y, [(part name, launch)], the config they run). NVFP4 routed experts (the published layout, one global
+    scale per expert for gate and up) or BF16 ones (empty scale tensors), which take the tensor-core GEMM at
+    every size. Under expert parallelism the stacks hold experts expert_offset .. expert_offset +
+    w13.shape[0] - 1 of the router's E, and y is this rank's part of the sum."""
     E = gate_bias.shape[0]
     nvfp4 = w13_scale.numel() > 0
     if nvfp4:
@@ -212,10 +172,17 @@ def sigmoid_sink_moe(
     elif cfg.get("kernel") == "bd" and min(x.shape[1], shared_w2.shape[2]) < BD_MIN_K:
         cfg = {**cfg, "kernel": "gemv"}  # toy widths
     router = SigmoidRouter(gate_bias, gate_scale, route_scale)
-    return expert_sink_moe(
+    y, parts = launches(
         x, gate, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13, shared_w2, E, top_k,
-        config=cfg, router=router, expert_offset=expert_offset,
+        router, config=cfg, expert_offset=expert_offset,
     )  # fmt: skip
+    return y, parts, cfg
+
+
+def sigmoid_sink_moe(*args, config: dict | None = None, expert_offset: int = 0) -> torch.Tensor:
+    """`inkling::sigmoid_sink_moe` on the GPU (arguments as `sigmoid_launches`)."""
+    y, parts, cfg = sigmoid_launches(*args, config=config, expert_offset=expert_offset)
+    return _run(y, parts, cfg, args[0])
 
 
 BD_MIN_K = 128  # the "bd" kernel's smallest reduction: its dots take block_k / 8 >= 16 columns
@@ -237,14 +204,14 @@ def launches(
     shared_w2: torch.Tensor,  # [S, H, I]
     num_routed: int,
     top_k: int,
+    router: SigmoidRouter,
     config: dict | None = None,
-    router: SigmoidRouter | None = None,
     expert_offset: int = 0,
 ) -> tuple[torch.Tensor, list[tuple[str, Callable[[], None]]]]:
     """The op as its kernel launches, in order: (the output y, [(part name, launch)]). Running every
     launch fills y; bench/moe.py times them one by one (each reads only buffers the earlier ones wrote,
-    so a part can be replayed alone once all have run). router: the real Inkling's sigmoid router, else the
-    earlier model's softmax over E + S. expert_offset: expert parallelism, the stacks holding experts
+    so a part can be replayed alone once all have run). router: the sigmoid router's other tensors.
+    expert_offset: expert parallelism, the stacks holding experts
     expert_offset .. expert_offset + w13.shape[0] - 1 of the router's num_routed."""
     T, H = x.shape
     E = num_routed
@@ -257,16 +224,14 @@ def launches(
     KS = top_k + S
     if not 0 <= expert_offset <= E - EL:
         raise ValueError(
-            f"expert_sink_moe: experts {expert_offset}..{expert_offset + EL - 1} are not among {E}"
+            f"sigmoid_sink_moe: experts {expert_offset}..{expert_offset + EL - 1} are not among {E}"
         )
     if w13.shape != (EL, 2 * I, H // pack) or w2.shape != (EL, H, I // pack):
         raise ValueError(
-            f"expert_sink_moe: packed w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} do not match E={EL}, H={H}, I={I}"
+            f"sigmoid_sink_moe: packed w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} do not match E={EL}, H={H}, I={I}"
         )
-    if not nvfp4 and router is None:
-        raise ValueError("expert_sink_moe: the earlier model's routed experts are NVFP4 only")
     if router_weight.shape != (E + S, H) or shared_w2.shape != (S, H, IS):
-        raise ValueError("expert_sink_moe: router or shared weights do not match E, S, H and their width")
+        raise ValueError("sigmoid_sink_moe: router or shared weights do not match E, S, H and their width")
     if x.stride(1) != 1 or not (
         w13.is_contiguous()
         and w2.is_contiguous()
@@ -275,7 +240,7 @@ def launches(
         and shared_w13.stride(2) == 1
         and shared_w2.stride(2) == 1
     ):
-        raise ValueError("expert_sink_moe: weights and x need unit stride on their last dimension")  # fmt: skip
+        raise ValueError("sigmoid_sink_moe: weights and x need unit stride on their last dimension")  # fmt: skip
     cfg = config or select_config(None, T)
     block_m = cfg["block_m"]
     dev = x.device
@@ -300,24 +265,17 @@ def launches(
     entry_programs = triton.cdiv(num_entries, chunk)
 
     def route():
-        if router is None:
-            logits = x @ router_weight.T.to(x.dtype)  # [T, E+S], as inkling.ops.route
-            sigmoid = {}
-        elif router_weight.dtype == x.dtype == torch.bfloat16 and x.is_cuda:
+        if router_weight.dtype == x.dtype == torch.bfloat16 and x.is_cuda:
             # BF16 products summed in float32: transformers' float32 router, in cuBLAS's order of the sums
             logits = torch.mm(x, router_weight.t(), out_dtype=torch.float32)
         else:  # float32, as transformers computes the real router
             logits = torch.nn.functional.linear(x.float(), router_weight.float())
-        if router is not None:
-            sigmoid = dict(
-                SIGMOID=True, bias_ptr=router.bias, scale_ptr=router.scale, route_scale=router.route_scale
-            )
         if not direct:
             counts.zero_()
         kernels.route_kernel[(T,)](
-            logits, logits.stride(0), topk_ids, rank, counts, route_w, sorted_rows, expert_ids, block_rows, E,
+            logits, logits.stride(0), router.bias, router.scale, router.route_scale, topk_ids, rank, counts, route_w, sorted_rows, expert_ids, block_rows, E,
             expert_offset, EL, TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), TOP_K_P2=triton.next_power_of_2(top_k),
-            DIRECT=direct, num_warps=1 if E + S <= 512 else 4, **sigmoid,
+            DIRECT=direct, num_warps=1 if E + S <= 512 else 4,
         )  # fmt: skip
         if direct:
             return
@@ -334,10 +292,10 @@ def launches(
     common = dict(num_tokens=T, top_k=top_k, KS=KS)
     kernel = cfg.get("kernel", "mma")  # the routed GEMMs' kernel
     if kernel not in KERNELS:
-        raise ValueError(f"expert_sink_moe: unknown kernel {kernel!r} in the tile config (have {KERNELS})")
+        raise ValueError(f"sigmoid_sink_moe: unknown kernel {kernel!r} in the tile config (have {KERNELS})")
     if not nvfp4 and (kernel != "mma" or block_m < 16):
         raise ValueError(
-            "expert_sink_moe: BF16 routed experts take the tensor-core GEMM, blocks of 16 rows or more"
+            "sigmoid_sink_moe: BF16 routed experts take the tensor-core GEMM, blocks of 16 rows or more"
         )
     routed = dict(
         route=buffers, routed=True, nvfp4=nvfp4, grid_m=num_blocks, block_m=block_m, kernel=kernel, **common
@@ -391,6 +349,41 @@ def launches(
 
     parts.append(("combine", combine))
     return y, parts
+
+
+def _run(y: torch.Tensor, parts: list, cfg: dict, x: torch.Tensor) -> torch.Tensor:
+    """Run the op's launches (`launches`) and return y.
+
+    With `"overlap": True` in the config (CUDA only), the shared experts run on a side stream while the
+    routing and the routed GEMMs run on the current one: at decode sizes every one of these kernels
+    leaves bandwidth unused (the routed GEMMs and the routing kernels wait on latency with a few hundred
+    programs), so two at a time fill more of it. Fork and join are stream waits, so the op captures into
+    a CUDA graph as two branches. The shared GEMM 1 starts at once; GEMM 2 waits for the route (its
+    weights). Every buffer is allocated on the current stream before the fork and both streams join
+    before the op returns, so nothing is freed while the side stream may use it.
+    """
+    if not (cfg.get("overlap") and x.is_cuda and parts):
+        for _, run in parts:
+            run()
+        return y
+    main = torch.cuda.current_stream(x.device)
+    side = _side_stream(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    side.wait_stream(main)
+    routed_ready = torch.cuda.Event()
+    for name, run in parts:
+        if name == "route":
+            run()
+            routed_ready.record(main)
+        elif name in SIDE_PARTS:
+            with torch.cuda.stream(side):
+                if name != "gemm1 shared":  # GEMM 2, or the cuBLAS pair, scales by the route's weights
+                    side.wait_event(routed_ready)
+                run()
+        else:
+            if name == "combine":
+                main.wait_stream(side)
+            run()
+    return y
 
 
 def _shared_torch(x, shared_w13, shared_w2, route_w, out, top_k) -> None:
@@ -494,8 +487,7 @@ def _candidates(T: int) -> list[dict]:
         # took 2.5 and 5 times as long as one (6.1 and 12.2 ms at T = 32), so they are not candidates.
         out.append({"block_m": 1, "kernel": "bd", "shared": "triton", **BD_GEMMS})
     if T <= 128:
-        # the shared experts on a side stream beside the routing and the routed GEMMs (expert_sink_moe's
-        # docstring), for the decode kernels and the small tensor-core tiles
+        # the shared experts on a side stream beside the routing and the routed GEMMs (_run's docstring), for the decode kernels and the small tensor-core tiles
         out += [
             {**c, "overlap": True}
             for c in out
@@ -514,14 +506,14 @@ def tune(
 ) -> dict:
     """Time the candidate configs on the GPU and return a table for select_config (JSON-able).
 
-    make_inputs(T) -> the positional arguments of `op` (without config) for T tokens; op: expert_sink_moe
-    (the default) or sigmoid_sink_moe.
+    make_inputs(T) -> the positional arguments of `op` (without config) for T tokens; op: sigmoid_sink_moe
+    (the default) or another function of the same form.
     Each bucket is tuned at its sample T; batch-1 decode has a bucket of its own, since at T = 8 another
     candidate may win, and so has T = 17-32 (batch 32 decode, batch 8 verifying 3 drafts), where the
     decode kernel beat the tensor-core tiles that win at T = 64. Candidates fix both GEMMs' tiles. A
     bucket sampled above `max_tokens` keeps the default tiles, untimed.
     """
-    op = op or expert_sink_moe
+    op = op or sigmoid_sink_moe
     table = {"version": 1, "buckets": []}
     for bucket_max, T in zip(token_buckets, sample_tokens):
         if T > max_tokens:

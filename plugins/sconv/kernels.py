@@ -24,9 +24,6 @@ def _sconv_sequence(
     stride_sr,
     y_ptr,
     stride_yt,
-    cache_ptr,
-    slot_mapping_ptr,
-    stride_cache_slot,
     has_state,
     start,
     end,
@@ -37,7 +34,6 @@ def _sconv_sequence(
     BLOCK_T: tl.constexpr,
     BLOCK_C: tl.constexpr,
     S_POW2: tl.constexpr,
-    HAS_CACHE: tl.constexpr,
 ):
     # A while loop: the interpreter cannot take loaded scalars as range() bounds.
     t0 = start
@@ -61,19 +57,11 @@ def _sconv_sequence(
             ).to(tl.float32)
             wk = tl.load(w_ptr + offs_c * stride_wc + k * stride_wk, mask=c_mask, other=0.0).to(tl.float32)
             acc += wk[None, :] * (xv + sv)
-        out_mask = t_mask[:, None] & c_mask[None, :]
         tl.store(
             y_ptr + offs_t[:, None] * stride_yt + offs_c[None, :],
             acc.to(y_ptr.dtype.element_ty),
-            mask=out_mask,
+            mask=t_mask[:, None] & c_mask[None, :],
         )
-        if HAS_CACHE:
-            slot = tl.load(slot_mapping_ptr + offs_t, mask=t_mask, other=-1)
-            tl.store(
-                cache_ptr + slot[:, None] * stride_cache_slot + offs_c[None, :],
-                acc.to(cache_ptr.dtype.element_ty),
-                mask=out_mask & (slot >= 0)[:, None],
-            )
         t0 += BLOCK_T
 
     n = end - start
@@ -134,58 +122,5 @@ def sconv_kernel(
     st_ptr = state_ptr + tl.maximum(slot, 0).to(tl.int64) * stride_ss
     _sconv_sequence(
         x_ptr, stride_xt, w_ptr, stride_wc, stride_wk, st_ptr, stride_sr, y_ptr, stride_yt,
-        y_ptr, cu_seqlens_ptr, 0, has_state, start, end, S, offs_c, c_mask,
-        K, BLOCK_T, BLOCK_C, S_POW2, False,
+        has_state, start, end, S, offs_c, c_mask, K, BLOCK_T, BLOCK_C, S_POW2,
     )  # fmt: skip
-
-
-@triton.jit
-def sconv_kv_write_kernel(
-    k_ptr,  # [T, C] raw keys
-    v_ptr,
-    stride_kt,
-    stride_vt,
-    wk_ptr,  # [C, K]
-    wv_ptr,
-    stride_wc,
-    stride_wk,
-    state_k_ptr,  # [slots, S, C]
-    state_v_ptr,
-    stride_ss,
-    stride_sr,
-    state_indices_ptr,
-    cu_seqlens_ptr,
-    k_out_ptr,  # [T, C]
-    v_out_ptr,
-    stride_yt,
-    key_cache_ptr,  # [NB*BS, C] flat view of the paged cache
-    value_cache_ptr,
-    slot_mapping_ptr,  # int64 [T]
-    stride_cache_slot,
-    C,
-    S,
-    K: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    S_POW2: tl.constexpr,
-):
-    b = tl.program_id(0)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_mask = offs_c < C
-    start = tl.load(cu_seqlens_ptr + b)
-    end = tl.load(cu_seqlens_ptr + b + 1)
-    slot = tl.load(state_indices_ptr + b)
-    has_state = slot >= 0
-    slot_off = tl.maximum(slot, 0).to(tl.int64) * stride_ss
-    if tl.program_id(2) == 0:
-        _sconv_sequence(
-            k_ptr, stride_kt, wk_ptr, stride_wc, stride_wk, state_k_ptr + slot_off, stride_sr,
-            k_out_ptr, stride_yt, key_cache_ptr, slot_mapping_ptr, stride_cache_slot,
-            has_state, start, end, S, offs_c, c_mask, K, BLOCK_T, BLOCK_C, S_POW2, True,
-        )  # fmt: skip
-    else:
-        _sconv_sequence(
-            v_ptr, stride_vt, wv_ptr, stride_wc, stride_wk, state_v_ptr + slot_off, stride_sr,
-            v_out_ptr, stride_yt, value_cache_ptr, slot_mapping_ptr, stride_cache_slot,
-            has_state, start, end, S, offs_c, c_mask, K, BLOCK_T, BLOCK_C, S_POW2, True,
-        )  # fmt: skip

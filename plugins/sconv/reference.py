@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from inkling import ops
 
-from ..attention.reference import kv_cache_write
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+    """The causal depthwise convolution of one sequence (INKLING_SPEC §3.3, without the skip the network
+    adds): x [T, C]; weight [C, K], tap K-1 on the current token; history [K-1, C], the inputs before x[0]."""
+    T, K = x.shape[0], weight.shape[1]
+    xp = torch.cat([history.to(x.dtype), x], dim=0)
+    y = torch.zeros_like(x)
+    for k in range(K):
+        y = y + weight[:, k].to(x.dtype) * xp[k : k + T]
+    return y
 
 
 def sconv(
@@ -32,32 +39,11 @@ def sconv(
         start, end = cu[b], cu[b + 1]
         xb = x[start:end]
         prev = state[slot, S - K + 1 :] if slot >= 0 else x.new_zeros(K - 1, x.shape[1])
-        y[start:end] = ops.sconv(xb, weight, prev.to(x.dtype))
+        y[start:end] = causal_conv(xb, weight, prev)
         if slot >= 0 and end > start:
             hist = torch.cat([state[slot], xb.to(state.dtype)], dim=0)
             state[slot] = hist[-S:]
     return y
-
-
-def sconv_kv_write(
-    k_raw: torch.Tensor,  # [T, Hkv*D]
-    v_raw: torch.Tensor,
-    wk: torch.Tensor,  # [Hkv*D, K]
-    wv: torch.Tensor,
-    state_k: torch.Tensor,  # [slots, S, Hkv*D], mutated
-    state_v: torch.Tensor,
-    state_indices: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    key_cache: torch.Tensor,  # [NB, BS, Hkv, D], mutated
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    Hkv, D = key_cache.shape[2], key_cache.shape[3]
-    T = k_raw.shape[0]
-    k = sconv(k_raw, wk, state_k, state_indices, cu_seqlens_q).view(T, Hkv, D)
-    v = sconv(v_raw, wv, state_v, state_indices, cu_seqlens_q).view(T, Hkv, D)
-    kv_cache_write(k, v, key_cache, value_cache, slot_mapping)
-    return k, v
 
 
 def sconv_rollback(state: torch.Tensor, state_indices: torch.Tensor, n: int | torch.Tensor) -> None:

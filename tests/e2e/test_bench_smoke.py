@@ -126,9 +126,9 @@ def test_sm90_report_smoke(tmp_path):
 
 def test_sm90_decode_report(tmp_path):
     """bench.sm90 --decode: the batch-1 decode over 8K keys as the launcher launches it (64 splits), the
-    GEMV of the relative term reducing 8 of Dr's columns at a time (rel_slice). Compiled for sm_90 this
-    form holds fewer registers than the whole-Dr GEMV (168 against 254 at 64 keys and two stages, session
-    22), and the table says how many programs fit on an SM."""
+    GEMV of the relative term over all of d_rel's 16 columns and 8 at a time (rel_slice). At the earlier
+    model's Dr of 32 the slice saved registers (168 against 254); at the real d_rel of 16 both forms hold
+    168, so the slice may not cost registers, and the table says how many programs fit on an SM."""
     from bench.sm90 import main as sm90_main
 
     variant = (
@@ -141,7 +141,7 @@ def test_sm90_decode_report(tmp_path):
         out = tmp_path / str(rel_slice)
         assert sm90_main(["--decode", "8192", "--only", only, "--out", str(out)]) == 0
         (rows[rel_slice],) = json.loads((out / "sm90.json").read_text())["rows"]
-    assert rows[8]["registers"] < rows[0]["registers"]
+    assert 0 < rows[8]["registers"] <= rows[0]["registers"] <= 255
     assert rows[8]["programs_by_registers"] >= rows[0]["programs_by_registers"] >= 1
     assert "a batch-1 decode over 8192 keys" in (tmp_path / "8" / "sm90.md").read_text()
 

@@ -29,7 +29,7 @@ TP2EP2 = (
 )
 SIZES = dict(
     dtype="float32", device="cpu", max_batch_size=4, max_input_len=64, max_seq_len=96, max_num_tokens=48,
-    max_draft_len=2, plugin_config=PluginConfig(expert_sink_moe="reference"),
+    max_draft_len=2, plugin_config=PluginConfig(moe="reference"),
 )  # fmt: skip
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 _g = torch.Generator().manual_seed(3)

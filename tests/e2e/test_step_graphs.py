@@ -357,12 +357,13 @@ def test_cuda_graphs_by_default_on_one_gpu_only(engine_f32):
     the CPU the default runs eager and asking for graphs is an error."""
     from runtime.model_runner import default_cuda_graphs
 
-    triton = dict.fromkeys(("sheared_bias_attention", "sconv", "expert_sink_moe", "mtp_draft"), "triton")
+    triton = dict.fromkeys(("kv_cache_write", "bank_attention", "sconv", "sigmoid_sink_moe"), "triton")
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert default_cuda_graphs(cuda, triton, tp_size=1)
     assert not default_cuda_graphs(cuda, triton, tp_size=2)
     assert not default_cuda_graphs(cpu, triton, tp_size=1)
     assert not default_cuda_graphs(cuda, {**triton, "sconv": "reference"}, tp_size=1)
+    assert not default_cuda_graphs(cuda, {**triton, "sigmoid_sink_moe": "reference"}, tp_size=1)
     runner = LLMEngine(engine_f32[0]).runner
     assert runner.step_graphs is None and runner.head_graphs is None
     with pytest.raises(ValueError, match="CUDA engine"):

@@ -1,185 +1,37 @@
-"""Sheared-bias attention and kv_cache_write: Triton ⇄ reference op ⇄ spec math (inkling.ops).
-
-On the CPU the Triton kernels run in the interpreter (conftest.py), in float32 and at small shapes;
-the larger sweeps, bf16 and CUDA graphs are `gpu`-marked.
+"""The attention kernel's forms and tiles, on the real op (`inkling::bank_attention`), and `kv_cache_write`:
+every form the launcher may choose or a benchmark may time (split-KV, the decode dot and GEMV, the verify GEMV,
+the scratch and chunked shears, tl.gather, bf16 tables, tile shapes) against the model's math
+(test_bank_attention.make_batch's truth). Every batch is ragged, crosses pages, and passes the extent (zero
+beyond it), the window and the log-scaling floor. On the CPU the kernel runs in the interpreter in float32 at
+small shapes; bf16, the real shapes and CUDA graphs are `gpu`-marked.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
-from dataclasses import dataclass
 
 import pytest
 import torch
 import triton
 
 import plugins  # noqa: F401  (registers the ops)
-from inkling.ops import relative_attention
 from plugins.attention import launcher
 from plugins.attention.launcher import AttentionConfig
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if HAS_CUDA else "cpu"
+from .test_bank_attention import DEVICE, HAS_CUDA, Layer, assert_close, make_batch
 
-
-@dataclass
-class Batch:
-    q: torch.Tensor
-    r: torch.Tensor
-    rel_embed: torch.Tensor
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    block_table: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-    seq_lens: torch.Tensor
-    max_seqlen_q: int
-    window: int
-    scale: float
-    truth: torch.Tensor  # the spec's math per sequence on unpaged K/V, float32
-
-    def args(self):
-        return (
-            self.q,
-            self.r,
-            self.rel_embed,
-            self.key_cache,
-            self.value_cache,
-            self.block_table,
-            self.cu_seqlens_q,
-            self.seq_lens,
-            self.max_seqlen_q,
-            self.window,
-            self.scale,
-        )
-
-
-def make_batch(
-    seqs: list[tuple[int, int]],  # (seq_len, q_len) per sequence
-    hq: int = 2,
-    hkv: int = 1,
-    d: int = 32,
-    dr: int = 16,
-    rel: int = 64,
-    window: int = 0,
-    block_size: int = 16,
-    dtype: torch.dtype = torch.float32,
-    device: str = DEVICE,
-    seed: int = 0,
-) -> Batch:
-    """A paged batch: shuffled block ids, NaN in every cache row no sequence owns, and for sliding
-    windows the blocks before every query's window freed (-1 in the table, NaN in the cache)."""
-    g = torch.Generator().manual_seed(seed)
-    rel_embed = torch.randn(hq, rel, dr, generator=g) * 0.3
-    blocks_per_seq = [math.ceil(n / block_size) for n, _ in seqs]
-    num_blocks = sum(blocks_per_seq) + 3  # the last one stays NaN
-    max_blocks = max(blocks_per_seq) + 1
-    key_cache = torch.full((num_blocks, block_size, hkv, d), float("nan"))
-    value_cache = torch.full_like(key_cache, float("nan"))
-    block_table = torch.full((len(seqs), max_blocks), -1, dtype=torch.int32)
-    ids = torch.randperm(num_blocks - 1, generator=g).tolist()
-    qs, rs, truths = [], [], []
-    for b, (seq_len, q_len) in enumerate(seqs):
-        k = torch.randn(seq_len, hkv, d, generator=g)
-        v = torch.randn(seq_len, hkv, d, generator=g)
-        q = torch.randn(q_len, hq, d, generator=g)
-        r = torch.randn(q_len, hq, dr, generator=g)
-        cast = [t.to(dtype).float() for t in (q, k, v, r)]
-        truths.append(relative_attention(*cast[:3], cast[3], rel_embed.to(dtype).float(), window))
-        qs.append(q)
-        rs.append(r)
-        lo = max(0, seq_len - q_len - window + 1) if window > 0 else 0
-        for n in range(blocks_per_seq[b]):
-            blk = ids.pop()
-            rows = slice(n * block_size, min((n + 1) * block_size, seq_len))
-            if window > 0 and (n + 1) * block_size <= lo:
-                # freed: the entry is -1 or names a block of NaN rows (a reused id), never read
-                block_table[b, n] = -1 if n % 2 else num_blocks - 1
-                continue
-            block_table[b, n] = blk
-            key_cache[blk, : rows.stop - rows.start] = k[rows]
-            value_cache[blk, : rows.stop - rows.start] = v[rows]
-    q_lens = torch.tensor([n for _, n in seqs])
-    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(q_lens, 0)
-    return Batch(
-        q=torch.cat(qs).to(device, dtype),
-        r=torch.cat(rs).to(device, dtype),
-        rel_embed=rel_embed.to(device, dtype),
-        key_cache=key_cache.to(device, dtype),
-        value_cache=value_cache.to(device, dtype),
-        block_table=block_table.to(device),
-        cu_seqlens_q=cu.to(device),
-        seq_lens=torch.tensor([n for n, _ in seqs], dtype=torch.int32, device=device),
-        max_seqlen_q=int(q_lens.max()),
-        window=window,
-        scale=1.0 / math.sqrt(d),
-        truth=torch.cat(truths).to(device),
-    )
-
-
-def attention(batch: Batch, impl: str) -> torch.Tensor:
-    return torch.ops.inkling.sheared_bias_attention(*batch.args(), impl)
-
-
-def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
-    assert torch.isfinite(out).all(), "non-finite output"
-    err = (out.float() - ref.float()).abs().max().item()
-    assert err <= tol, f"max abs error {err:.3g} > {tol}"
-
-
+# GQA group 4, so that tiles of 4 heads (the decode and verify forms) and of one head both apply
+FULL = Layer(hq=8, hkv=2, extent=24, window=0, log_floor=20)
+SLIDING = Layer(hq=8, hkv=2, extent=32, window=32, log_floor=0)  # window = extent, as published
 PREFILL = [(37, 37), (1, 1), (50, 50)]
 CHUNKED = [(90, 23), (70, 5), (33, 33), (17, 1)]
 VERIFY = [(80, 9), (65, 1), (100, 4), (9, 9), (48, 7)]
 DECODE = [(130, 1), (7, 1), (64, 1), (1, 1)]
 
 
-# --- the reference op against the spec's math ---------------------------------------------------
-
-
-@pytest.mark.parametrize("window", [0, 32])
-@pytest.mark.parametrize(
-    "seqs", [PREFILL, CHUNKED, VERIFY, DECODE], ids=["prefill", "chunked", "verify", "decode"]
-)
-def test_reference_matches_spec(seqs, window):
-    batch = make_batch(seqs, hq=8, hkv=2, window=window, device="cpu")
-    assert_close(attention(batch, "reference"), batch.truth, 1e-5)
-
-
-def test_reference_scale_is_applied():
-    batch = make_batch(PREFILL, device="cpu")
-    batch.scale *= 2.0
-    batch.q /= 2.0
-    assert_close(attention(batch, "reference"), batch.truth, 1e-5)
-
-
-# --- the Triton kernel against the reference (interpreter on CPU) -------------------------------
-
-CASES = [
-    # (name, seqs, hq, hkv, window, block_size, rel)
-    ("prefill-full", PREFILL, 2, 1, 0, 16, 64),
-    ("prefill-sliding", PREFILL, 2, 1, 32, 16, 64),
-    ("prefill-long-clipped", [(150, 150)], 2, 1, 0, 16, 64),
-    ("prefill-long-sliding", [(150, 150)], 2, 1, 32, 8, 64),
-    ("chunked-full", CHUNKED, 4, 2, 0, 16, 64),
-    ("chunked-sliding", CHUNKED, 4, 2, 32, 32, 64),
-    ("small-R", CHUNKED, 2, 1, 0, 8, 8),
-    ("verify-8/2", VERIFY, 8, 2, 0, 16, 64),
-    ("verify-8/2-sliding", VERIFY, 8, 2, 32, 16, 64),
-    ("verify-2/1", [(80, 8), (30, 3), (77, 1)], 2, 1, 32, 16, 64),
-    ("verify-16/2-q2", [(70, 2), (9, 2), (33, 1)], 16, 2, 32, 16, 64),  # group 8: block_q 2
-    ("decode-8/2", DECODE, 8, 2, 0, 16, 64),
-    ("decode-2/1-sliding", DECODE, 2, 1, 32, 8, 64),
-]
-
-
-@pytest.mark.parametrize("name,seqs,hq,hkv,window,block_size,rel", CASES, ids=[c[0] for c in CASES])
-def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
-    batch = make_batch(seqs, hq=hq, hkv=hkv, window=window, block_size=block_size, rel=rel)
-    ref = attention(batch, "reference")
-    assert_close(ref, batch.truth, 1e-5)
-    assert_close(attention(batch, "triton"), ref, 1e-4)
+def layer_of(window: int) -> Layer:
+    return SLIDING if window else FULL
 
 
 @pytest.mark.parametrize(
@@ -223,7 +75,7 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         ([(70, 70), (9, 2)], 32, AttentionConfig(heads=1, block_q=32, block_n=32, num_splits=1, num_warps=2)),
         # the GPU defaults' tile shapes (launcher.choose_config off the interpreter)
         ([(300, 1), (5, 1)], 0, AttentionConfig(heads=4, block_q=4, block_n=128, num_splits=2)),
-        # the relative band sheared through the per-program scratch, split and not, R clipped
+        # the relative band sheared through the per-program scratch, split and not, past the extent
         (
             PREFILL + CHUNKED,
             0,
@@ -239,8 +91,8 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
             0,
             AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=2, shear="scratch"),
         ),
-        # no per-tile test for wholly clipped tiles (far_test off): tiles past R - 1 take the band path,
-        # whose distances clamp to R - 1 (prefill by scratch and by gather, decode GEMV, verify GEMV)
+        # no per-tile test for wholly clipped tiles (far_test off): tiles past the extent take the band path,
+        # whose distances clamp to the table's zero row (prefill by scratch and by gather, decode GEMV, verify GEMV)
         (
             [(150, 150), (90, 23)],
             0,
@@ -262,7 +114,7 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
             AttentionConfig(heads=4, block_q=4, block_n=16, num_splits=2, rel_gemv=True, far_test=False),
         ),
         # the relative table per chunk of tiles: chunks of 1, 3 (not dividing a split's tiles) and 4 tiles,
-        # split or not, sliding, distances past R - 1, prefill and chunked prefill (queries over a prefix)
+        # split or not, sliding, distances past the extent, prefill and chunked prefill (queries over a prefix)
         (
             PREFILL + CHUNKED,
             0,
@@ -291,7 +143,7 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
                 unmasked_chunks=False,
             ),
         ),
-        # the GPU's prefill tile shape, 64x64, R clipped
+        # the GPU's prefill tile shape, 64x64, past the extent
         (
             [(200, 200), (9, 2)],
             0,
@@ -315,23 +167,22 @@ def test_triton_matches_reference(name, seqs, hq, hkv, window, block_size, rel):
         "decode-bn128",
         "scratch-shear",
         "scratch-shear-sliding-split",
-        "scratch-shear-64x64-clipped",
+        "scratch-shear-64x64-far",
         "scratch-no-far-test",
         "gather-no-far-test-sliding",
         "decode-gemv-no-far-test",
         "verify-gemv-no-far-test",
         "chunk-1",
-        "chunk-3-split-clipped",
+        "chunk-3-split-far",
         "chunk-4-sliding-split",
         "chunk-4-sliding-split-all-masked",
-        "chunk-3-64x64-clipped",
+        "chunk-3-64x64-far",
     ],
 )
 def test_split_kv(seqs, window, config):
-    """Split-KV (flash-decoding) with splits that do not divide the tiles, and empty splits."""
-    batch = make_batch(seqs, hq=8, hkv=2, window=window)
-    out = launcher.sheared_bias_attention(*batch.args(), config=config)
-    assert_close(out, batch.truth, 1e-4)
+    """Split-KV (flash-decoding) with splits that do not divide the tiles, and empty splits, in every form."""
+    batch = make_batch(seqs, layer_of(window))
+    assert_close(launcher.bank_attention(*batch.args, config=config), batch.truth, 1e-4)
 
 
 @pytest.mark.parametrize(
@@ -348,11 +199,10 @@ def test_bfloat16_relative_table(config):
     """A bf16 scratch or chunk table (AttentionConfig.table_dtype, half the bytes): the term is rounded to
     bf16 and nothing else changes, so the output stays within bf16 rounding of the truth (inputs float32,
     as the interpreter computes bf16 arithmetic wrongly), while a float32 table is exact."""
-    batch = make_batch(PREFILL + CHUNKED, hq=4, hkv=2, window=32)
-    out = launcher.sheared_bias_attention(*batch.args(), config=config)
-    assert_close(out, batch.truth, 3e-2)
+    batch = make_batch(PREFILL + CHUNKED, SLIDING)
+    assert_close(launcher.bank_attention(*batch.args, config=config), batch.truth, 3e-2)
     exact = dataclasses.replace(config, table_dtype="float32")
-    assert_close(launcher.sheared_bias_attention(*batch.args(), config=exact), batch.truth, 1e-4)
+    assert_close(launcher.bank_attention(*batch.args, config=exact), batch.truth, 1e-4)
 
 
 def test_scratch_slots_are_distinct_and_bounded():
@@ -375,19 +225,20 @@ def test_scratch_slots_are_distinct_and_bounded():
 
 
 def test_probe_without_the_relative_term():
-    """AttentionConfig(relative=False), bench/attention.py's floor probe: attention without r . E, i.e. the
+    """AttentionConfig(relative=False), the benchmarks' floor probe: attention without r . P, i.e. the
     reference op with r = 0 (so the probe times the rest of the kernel's work, not some other math)."""
-    batch = make_batch(PREFILL + CHUNKED, hq=8, hkv=2, window=32)
+    batch = make_batch(PREFILL + CHUNKED, SLIDING)
     config = AttentionConfig(heads=1, block_q=16, block_n=16, num_splits=2, shear="scratch", relative=False)
-    out = launcher.sheared_bias_attention(*batch.args(), config=config)
-    batch.r = torch.zeros_like(batch.r)
-    assert_close(out, attention(batch, "reference"), 1e-4)
+    out = launcher.bank_attention(*batch.args, config=config)
+    args = list(batch.args)
+    args[1] = torch.zeros_like(args[1])
+    assert_close(out, torch.ops.inkling.bank_attention(*args, "reference"), 1e-4)
     assert (out - batch.truth).abs().max() > 1e-2  # the relative term does matter in this batch
 
 
 def test_triton_head_dim_128():
-    batch = make_batch([(40, 3), (21, 1)], hq=8, hkv=2, d=128, dr=32, window=32)
-    assert_close(attention(batch, "triton"), batch.truth, 1e-4)
+    batch = make_batch([(40, 3), (21, 1)], SLIDING, d=128)
+    assert_close(torch.ops.inkling.bank_attention(*batch.args, "triton"), batch.truth, 1e-4)
 
 
 def test_choose_config_is_shape_only(monkeypatch):
@@ -397,7 +248,7 @@ def test_choose_config_is_shape_only(monkeypatch):
     # split-KV for a decode with few programs: 4 programs an SM, down to one tile of 128 keys a split (H200
     # timings: the e2e's batch-1 attention 23.3 -> 20.0 us a layer)
     assert launcher.choose_config(1, 64, 8, 1, 8192, num_sms=132).num_splits == 64
-    assert launcher.choose_config(1, 64, 8, 1, 4096, num_sms=132).num_splits == 32  # a 4K-window layer
+    assert launcher.choose_config(1, 64, 8, 1, 4096, num_sms=132).num_splits == 32
     assert launcher.choose_config(1, 64, 8, 1, 131072, num_sms=132).num_splits == 64
     assert (
         launcher.choose_config(1, 64, 8, 4, 8192, num_sms=132).num_splits == 33
@@ -447,57 +298,60 @@ def test_kv_cache_write(impl):
 def test_ops_registered_with_fakes():
     from plugins import registry
 
-    assert registry.get("sheared_bias_attention").version >= 1
+    assert registry.get("bank_attention").version >= 2
     assert registry.get("kv_cache_write").version >= 1
-    batch = make_batch(CHUNKED, hq=8, hkv=2, window=32, device="cpu")
+    batch = make_batch(CHUNKED, SLIDING)
+    args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in batch.args)
     torch.library.opcheck(
-        torch.ops.inkling.sheared_bias_attention.default,
-        (*batch.args(), "reference"),
+        torch.ops.inkling.bank_attention.default,
+        (*args, "reference"),
         test_utils=("test_schema", "test_faketensor"),
     )
     with pytest.raises(ValueError):
-        torch.ops.inkling.sheared_bias_attention(*batch.args(), "cuda-magic")
+        torch.ops.inkling.bank_attention(*args, "cuda-magic")
 
 
-# --- GPU: bf16, default tiles, larger sweeps, CUDA graphs ----------------------------------------
+# --- GPU: bf16, the real extents, tile sweeps, CUDA graphs ---------------------------------------
+
+# Query heads 8 (or 16) over 1 or 2 KV heads, D 128, d_rel 16; full layers with the real extent and a log
+# floor the longer sequences pass, sliding ones with window = extent
+GPU_FULL = Layer(hq=8, hkv=1, extent=1024, window=0, log_floor=1000)
+GPU_FULL_G4 = Layer(hq=8, hkv=2, extent=1024, window=0, log_floor=1000)
+
+
+def gpu_sliding(window: int, hq: int = 8, hkv: int = 2) -> Layer:
+    return Layer(hq=hq, hkv=hkv, extent=window, window=window, log_floor=0)
+
 
 GPU_CASES = [
-    ("prefill-8/1", [(700, 700), (1, 1), (333, 333)], 8, 1, 0, 16),
-    ("prefill-sliding", [(1000, 1000), (129, 129)], 8, 2, 256, 16),
-    ("chunked", [(900, 300), (513, 64), (70, 70)], 8, 2, 0, 64),
-    ("chunked-sliding", [(900, 300), (513, 64), (70, 70)], 8, 2, 128, 32),
-    ("verify", [(2000, 9), (17, 9), (300, 5), (1, 1)], 8, 1, 0, 16),
-    ("verify-sliding", [(2000, 9), (17, 9), (300, 5)], 8, 2, 256, 16),
-    ("decode", [(5000, 1), (3, 1), (257, 1)], 8, 1, 0, 16),
-    ("decode-sliding", [(5000, 1), (3, 1), (257, 1)], 16, 2, 512, 128),
-    ("decode-2/1", [(3000, 1), (64, 1)], 2, 1, 0, 16),
+    ("prefill-8/1", [(1700, 1700), (1, 1), (333, 333)], GPU_FULL, 16),
+    ("prefill-sliding", [(1000, 1000), (129, 129)], gpu_sliding(256), 16),
+    ("chunked", [(2900, 300), (513, 64), (70, 70)], GPU_FULL_G4, 64),
+    ("chunked-sliding", [(900, 300), (513, 64), (70, 70)], gpu_sliding(128), 32),
+    ("verify", [(2000, 9), (17, 9), (300, 5), (1, 1)], GPU_FULL, 16),
+    ("verify-sliding", [(2000, 9), (17, 9), (300, 5)], gpu_sliding(256), 16),
+    ("decode", [(5000, 1), (3, 1), (257, 1)], GPU_FULL, 16),
+    ("decode-sliding", [(5000, 1), (3, 1), (257, 1)], gpu_sliding(512, hq=16), 128),
+    ("decode-2/1", [(3000, 1), (64, 1)], Layer(hq=2, hkv=1, extent=1024, window=0, log_floor=1000), 16),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("name,seqs,hq,hkv,window,block_size", GPU_CASES, ids=[c[0] for c in GPU_CASES])
-def test_gpu_matches_spec_bf16(name, seqs, hq, hkv, window, block_size):
-    _check_gpu(seqs, hq, hkv, window, block_size, torch.bfloat16)
+@pytest.mark.parametrize("name,seqs,layer,block_size", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_gpu_bf16(name, seqs, layer, block_size):
+    batch = make_batch(seqs, layer, d=128, block_size=block_size, dtype=torch.bfloat16)
+    assert_close(torch.ops.inkling.bank_attention(*batch.args, "triton"), batch.truth, 3e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("case", [0, 3, 4, 6], ids=[GPU_CASES[i][0] for i in (0, 3, 4, 6)])
-def test_gpu_matches_spec_fp32(case):
+def test_gpu_float32(case):
     """float32 with IEEE dots (slow to compile: a few cases only)."""
-    _, seqs, hq, hkv, window, block_size = GPU_CASES[case]
-    _check_gpu(seqs, hq, hkv, window, block_size, torch.float32)
-
-
-def _check_gpu(seqs, hq, hkv, window, block_size, dtype):
-    batch = make_batch(
-        seqs, hq=hq, hkv=hkv, d=128, dr=32, rel=512, window=window, block_size=block_size, dtype=dtype
-    )
-    out = attention(batch, "triton")
-    tol = 3e-2 if dtype == torch.bfloat16 else 2e-4
-    assert_close(out, batch.truth, tol)
-    assert_close(attention(batch, "reference"), batch.truth, tol)
+    _, seqs, layer, block_size = GPU_CASES[case]
+    batch = make_batch(seqs, layer, d=128, block_size=block_size)
+    assert_close(torch.ops.inkling.bank_attention(*batch.args, "triton"), batch.truth, 2e-4)
 
 
 GPU_CONFIGS = [
@@ -512,8 +366,7 @@ GPU_CONFIGS = [
     ),
 ]
 
-
-# The relative table per chunk of tiles (shear="chunk"), as bench/attention.py times it for prefill.
+# The relative table per chunk of tiles (shear="chunk"), as the benchmarks time it for prefill.
 CHUNK_CONFIGS = {
     "chunk3": AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", chunk_tiles=3),
     "chunk3-8warps": AttentionConfig(
@@ -536,15 +389,13 @@ CHUNK_CONFIGS = {
 @pytest.mark.parametrize("window", [0, 256])
 @pytest.mark.parametrize("name", list(CHUNK_CONFIGS))
 def test_gpu_chunk_shear(name, window):
-    """Prefill and chunked prefill in bf16 with the chunked relative table, distances past R = 512."""
-    batch = make_batch(
-        [(1000, 1000), (700, 300), (65, 65)], hq=8, hkv=2, d=128, dr=32, rel=512, window=window,
-        dtype=torch.bfloat16,
-    )  # fmt: skip
+    """Prefill and chunked prefill in bf16 with the chunked relative table, distances past the extent."""
+    layer = gpu_sliding(window) if window else GPU_FULL_G4
+    batch = make_batch([(2000, 2000), (1300, 300), (65, 65)], layer, d=128, dtype=torch.bfloat16)
     config = CHUNK_CONFIGS[name]
-    out = launcher.sheared_bias_attention(*batch.args(), config=config)
-    # A bf16 table rounds the term itself (0.0335 at window 256 on the H200, s16b), so it gets more room.
-    assert_close(out, batch.truth, 5e-2 if config.table_dtype == "bfloat16" else 3e-2)
+    # A bf16 table rounds the term itself, so it gets more room.
+    tol = 5e-2 if config.table_dtype == "bfloat16" else 3e-2
+    assert_close(launcher.bank_attention(*batch.args, config=config), batch.truth, tol)
 
 
 @pytest.mark.gpu
@@ -555,10 +406,15 @@ def test_gpu_chunk_shear(name, window):
     ids=["64x64", "32x32-split", "verify-bn128", "scratch-64x64", "scratch-128x64-split"],
 )
 def test_gpu_tile_variants(config):
-    batch = make_batch(
-        [(900, 9), (300, 5), (17, 1)], hq=8, hkv=1, d=128, dr=32, rel=512, dtype=torch.bfloat16
-    )
-    assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
+    batch = make_batch([(1900, 9), (300, 5), (17, 1)], GPU_FULL, d=128, dtype=torch.bfloat16)
+    assert_close(launcher.bank_attention(*batch.args, config=config), batch.truth, 3e-2)
+
+
+def decode_layer(window: int) -> Layer:
+    """The real group (8 query heads per KV head): full with the real extent, or sliding."""
+    if window:
+        return gpu_sliding(window, hq=16, hkv=2)
+    return Layer(hq=16, hkv=2, extent=1024, window=0, log_floor=1000)
 
 
 @pytest.mark.gpu
@@ -567,35 +423,32 @@ def test_gpu_tile_variants(config):
 @pytest.mark.parametrize("rel_dot", [True, False])
 @pytest.mark.parametrize("block_n,splits", [(64, 7), (128, 3)])
 def test_gpu_decode_variants(window, rel_dot, block_n, splits):
-    """Decode at inkling-bench's group (8 query heads per KV head) with the relative term as a dot and as
-    a GEMV, distances past R (clipped), full and sliding, several splits, bf16."""
+    """Decode at the real group with the relative term as a dot and as a GEMV, distances past the extent,
+    full and sliding, several splits, bf16."""
     batch = make_batch(
-        [(1500, 1), (600, 1), (130, 1), (1, 1)], hq=16, hkv=2, d=128, dr=32, rel=512, window=window,
-        dtype=torch.bfloat16,
-    )  # fmt: skip
+        [(2500, 1), (600, 1), (130, 1), (1, 1)], decode_layer(window), d=128, dtype=torch.bfloat16
+    )
     config = AttentionConfig(
         heads=8, block_q=2, block_n=block_n, num_splits=splits, num_stages=3, rel_dot=rel_dot
     )
-    assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
+    assert_close(launcher.bank_attention(*batch.args, config=config), batch.truth, 3e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("q_len", [1, 4, 9])
-@pytest.mark.parametrize("rel_slice", [8, 16])
+@pytest.mark.parametrize("rel_slice", [4, 8])
 def test_gpu_gemv_rel_slice(q_len, rel_slice):
-    """The GEMV forms of the relative term (decode, verify) reducing a slice of Dr's columns at a time, as
-    bench/attention.py times them: inkling-bench's group and Dr, past R, sliding, split, bf16."""
-    batch = make_batch(
-        [(1500, q_len), (600, q_len), (130, q_len), (q_len, q_len)], hq=16, hkv=2, d=128, dr=32, rel=512,
-        window=256, dtype=torch.bfloat16,
-    )  # fmt: skip
+    """The GEMV forms of the relative term (decode, verify) reducing a slice of d_rel's columns at a time:
+    the real group and d_rel, past the extent, sliding, split, bf16."""
+    seqs = [(1500, q_len), (600, q_len), (130, q_len), (q_len, q_len)]
+    batch = make_batch(seqs, decode_layer(256), d=128, dtype=torch.bfloat16)
     block_q = max(min(triton.next_power_of_2(q_len), launcher.VERIFY_TILE_ROWS), 2)
     config = AttentionConfig(
         heads=8, block_q=block_q, block_n=128 if q_len == 1 else 64, num_splits=5, num_stages=3 if q_len == 1 else 2,
         rel_gemv=q_len > 1, rel_slice=rel_slice,
     )  # fmt: skip
-    assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
+    assert_close(launcher.bank_attention(*batch.args, config=config), batch.truth, 3e-2)
 
 
 @pytest.mark.gpu
@@ -604,38 +457,33 @@ def test_gpu_gemv_rel_slice(q_len, rel_slice):
 @pytest.mark.parametrize("q_len", [2, 4, 8, 9, 16])
 @pytest.mark.parametrize("rel_gemv", [True, False])
 def test_gpu_verify_variants(window, q_len, rel_gemv):
-    """Verify at inkling-bench's group (8) with the relative term as one GEMV per query row and as the
-    sheared band, distances past R, full and sliding, split, bf16; eight warps for 8-query GEMV tiles, and 9
-    or 16 queries in two of them (the launcher's choices)."""
-    batch = make_batch(
-        [(1500, q_len), (600, q_len), (130, q_len), (q_len, q_len)], hq=16, hkv=2, d=128, dr=32, rel=512,
-        window=window, dtype=torch.bfloat16,
-    )  # fmt: skip
+    """Verify at the real group with the relative term as one GEMV per query row and as the sheared band,
+    distances past the extent, full and sliding, split, bf16; eight warps for 8-query GEMV tiles, and 9 or 16
+    queries in two of them (the launcher's choices)."""
+    seqs = [(1500, q_len), (600, q_len), (130, q_len), (q_len, q_len)]
+    batch = make_batch(seqs, decode_layer(window), d=128, dtype=torch.bfloat16)
     block_q = min(triton.next_power_of_2(q_len), launcher.VERIFY_TILE_ROWS) if rel_gemv else 16
     warps = 8 if rel_gemv and block_q >= 8 else 4
     config = AttentionConfig(
         heads=8, block_q=max(block_q, 2), block_n=64, num_splits=5, num_warps=warps, rel_gemv=rel_gemv
     )
-    assert_close(launcher.sheared_bias_attention(*batch.args(), config=config), batch.truth, 3e-2)
+    assert_close(launcher.bank_attention(*batch.args, config=config), batch.truth, 3e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_gpu_cuda_graph_decode():
     """Captured once, replayed with other lengths and contents: no host sync, fixed grid."""
-    seqs = [(3000, 1), (40, 1), (700, 1)]
-    batch = make_batch(seqs, hq=8, hkv=1, d=128, dr=32, rel=512, dtype=torch.bfloat16)
-    args = list(batch.args())
-    attention(batch, "triton")  # compile outside the capture
+    batch = make_batch([(3000, 1), (40, 1), (700, 1)], GPU_FULL, d=128, dtype=torch.bfloat16)
+    args = list(batch.args)
+    torch.ops.inkling.bank_attention(*args, "triton")  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = torch.ops.inkling.sheared_bias_attention(*args, "triton")
-    other = make_batch(
-        [(2900, 1), (48, 1), (5, 1)], hq=8, hkv=1, d=128, dr=32, rel=512, dtype=torch.bfloat16, seed=3
-    )
-    pad = batch.block_table.shape[1] - other.block_table.shape[1]
-    for dst, src in zip(args[:8], other.args()[:8]):
+        out = torch.ops.inkling.bank_attention(*args, "triton")
+    other = make_batch([(2900, 1), (48, 1), (5, 1)], GPU_FULL, d=128, dtype=torch.bfloat16, seed=3)
+    pad = args[5].shape[1] - other.args[5].shape[1]
+    for dst, src in zip(args[:8], other.args[:8]):
         if src.dim() == 2 and src.dtype == torch.int32:
             src = torch.nn.functional.pad(src, (0, pad), value=-1)
         if src.shape[0] > dst.shape[0]:  # the caches: other has fewer blocks

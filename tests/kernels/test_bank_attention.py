@@ -178,10 +178,11 @@ def test_zero_beyond_the_extent_and_log_scaling_are_the_kernels_own():
     model's rule, a non-zero term far away) or without the log scaling differs from the kernel's output."""
     batch = make_batch([(60, 60)], FULL)
     out = launcher.bank_attention(*batch.args)
-    q, r, bank = batch.args[:3]
-    clipped = launcher.sheared_bias_attention(
-        q, r, bank.t().contiguous()[None].expand(q.shape[1], -1, -1).contiguous(), *batch.args[3:11]
-    )
+    bank = batch.args[2]
+    # the earlier rule: distances past the extent read its last column (a bank long enough that nothing is
+    # beyond it, its columns from X - 1 on all the last one)
+    clipped_bank = torch.cat([bank, bank[:, -1:].expand(-1, 60 - bank.shape[1])], dim=1)
+    clipped = launcher.bank_attention(*batch.args[:2], clipped_bank, *batch.args[3:11], 0, 0.1)
     no_log = launcher.bank_attention(*batch.args[:11], 0, 0.1)
     assert_close(out, batch.truth, 1e-4)
     assert (clipped - no_log).abs().max() > 1e-2
