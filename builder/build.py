@@ -117,6 +117,9 @@ def cache_layout(config: InklingConfig, num_depths: int = 0, tp_size: int = 1) -
         "conv_channels": conv_channels(config, tp_size),
         "conv_dtype": "float32",
         "sconv_kernel_size": t.conv_kernel_size,
+        # the step's expert load counters: one int32 [num_experts] per MoE layer (plugins/moe/load.py)
+        "moe_layers": [i for i in range(t.num_hidden_layers) if not t.is_dense(i)],
+        "num_experts": t.n_routed_experts,
     }
 
 
@@ -160,6 +163,7 @@ def step_example(
         key_caches=[kv(h, d) for h, d in zip(lay["cache_kv_heads"], lay["cache_head_dims"])],
         value_caches=[kv(h, d) for h, d in zip(lay["cache_kv_heads"], lay["cache_head_dims"])],
         conv_states=[torch.zeros(bc.max_batch_size, S, C, device=device) for C in lay["conv_channels"]],
+        expert_load=[torch.zeros(lay["num_experts"], **i32) for _ in lay["moe_layers"]],
     )
 
 

@@ -217,7 +217,7 @@ NUM_BLOCKS = {0: "num_blocks"}
 STEP = ProgramContract(
     "step",
     (Fixed("weights"), StepInputs, Fixed("key_caches", each=NUM_BLOCKS), Fixed("value_caches", each=NUM_BLOCKS),
-     Fixed("conv_states")),
+     Fixed("conv_states"), Fixed("expert_load")),
     outputs=("N", "T"),  # logits float32 [N, V], hidden [T, H]
 )  # fmt: skip
 HEAD = ProgramContract(

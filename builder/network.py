@@ -126,9 +126,11 @@ def engine_tensors(
 
 class StepProgram(nn.Module):
     """forward(weights, input_ids, mm_embeds, mm_positions, cu_seqlens_q, seq_lens, block_tables,
-    slot_mappings, state_indices, logits_indices, q_bound, key_caches, value_caches, conv_states)
+    slot_mappings, state_indices, logits_indices, q_bound, key_caches, value_caches, conv_states, expert_load)
     -> (logits float32 [N, num_real_tokens], hidden [T, H]): the STEP contract's arguments
-    (builder/contracts.py); block_tables int32 [G, B, MB], slot_mappings int64 [G, T] per layer group."""
+    (builder/contracts.py); block_tables int32 [G, B, MB], slot_mappings int64 [G, T] per layer group;
+    expert_load int32 [E] per MoE layer, the tokens routed to each expert added by the step (its rows with a
+    slot, not a graph bucket's padding)."""
 
     def __init__(
         self,
@@ -150,6 +152,10 @@ class StepProgram(nn.Module):
         self.c, self.impls, self.moe_tiles, self.ep_size = config, impls, moe_tiles, ep_size
         self.tp = TensorParallel(config, tp_size)
         self.layout = CacheLayout.of(config)
+        t = config.text
+        self.moe_index = {
+            i: n for n, i in enumerate(j for j in range(t.num_hidden_layers) if not t.is_dense(j))
+        }
 
     def sconv(self, x, weight, state, state_idx, cu):
         """u + conv(u) in float32 (INKLING_SPEC §3.3), cast back to x's dtype."""
@@ -209,7 +215,7 @@ class StepProgram(nn.Module):
         x = torch.cat([x, x.new_zeros(1, x.shape[1])])  # the splice's dummy row at T (STEP contract)
         return x.index_copy(0, mm_positions, mm_embeds.to(x.dtype))[:-1]
 
-    def mlp(self, w, p, m, layer):
+    def mlp(self, w, p, m, layer, load=None, row_valid=None):
         t = self.c.text
         if t.is_dense(layer):
             return self.dense_mlp(w, f"{p}.", m)
@@ -220,7 +226,7 @@ class StepProgram(nn.Module):
             w[f"{e}.w13_weight"], w.get(f"{e}.w13_weight.scale", _EMPTY), w.get(f"{e}.w13_weight.scale2", _EMPTY),
             w[f"{e}.w2_weight"], w.get(f"{e}.w2_weight.scale", _EMPTY), w.get(f"{e}.w2_weight.scale2", _EMPTY),
             w[f"{sh}.shared_w13_weight"], w[f"{sh}.shared_w2_weight"], t.route_scale, t.num_experts_per_tok,
-            self.moe_tiles, self.impls["sigmoid_sink_moe"], self.ep_size,
+            self.moe_tiles, self.impls["sigmoid_sink_moe"], self.ep_size, load, row_valid,
         )  # fmt: skip
         if self.ep_size == 1 or self.tp.tp_size > 1:  # one rank's MoE, or a partial sum summed_sconv adds
             return y
@@ -253,10 +259,12 @@ class StepProgram(nn.Module):
         key_caches: list[torch.Tensor],
         value_caches: list[torch.Tensor],
         conv_states: list[torch.Tensor],
+        expert_load: list[torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t, w, lay = self.c.text, weights, self.layout
         eps = t.rms_norm_eps
         x = self.embed(w, input_ids, mm_embeds, mm_positions)
+        row_valid = slot_mappings[0] >= 0  # every group gives a token a slot; padding rows have none
         for i in range(t.num_hidden_layers):
             p, g, j = f"model.llm.layers.{i}", lay.group_of_layer[i], lay.cache_of_layer[i]
             meta = (
@@ -279,7 +287,8 @@ class StepProgram(nn.Module):
                 conv,
             )
             x = x + self.summed_sconv(o, w[f"{p}.attn_sconv.weight"], conv[2], state_indices, cu_seqlens_q)
-            f = self.mlp(w, p, rms_norm(x, w[f"{p}.mlp_norm.weight"], eps), i)
+            load = expert_load[self.moe_index[i]] if i in self.moe_index else None
+            f = self.mlp(w, p, rms_norm(x, w[f"{p}.mlp_norm.weight"], eps), i, load, row_valid)
             x = x + self.summed_sconv(f, w[f"{p}.mlp_sconv.weight"], conv[3], state_indices, cu_seqlens_q)
         normed = rms_norm(x, w["model.llm.norm.weight"], eps)
         logits = self.logits(w, normed[logits_indices])

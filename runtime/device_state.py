@@ -33,6 +33,7 @@ class DeviceState:
     head_value_caches: list[torch.Tensor]
     head_conv_states: list[list[torch.Tensor]]  # per MTP head, sites k, v, o: [max_batch_size, S, C]
     snapshots: list[torch.Tensor]  # per conv state: [num_snapshots, K - 1, C]
+    expert_load: list[torch.Tensor]  # per MoE layer: int32 [num_experts], tokens routed (plugins/moe/load.py)
 
     @classmethod
     def allocate(
@@ -81,6 +82,10 @@ class DeviceState:
                 for sites in layout.get("mtp_conv_channels", [])
             ],
             snapshots=[torch.zeros(min(num_blocks, MAX_SNAPSHOTS), K1, C, **f32) for C in channels],
+            expert_load=[
+                torch.zeros(layout.get("num_experts", 0), dtype=torch.int32, device=device)
+                for _ in layout.get("moe_layers", [])
+            ],
         )
 
     @property

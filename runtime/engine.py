@@ -24,6 +24,7 @@ from builder.engine import Engine
 
 from .block_manager import BlockManager
 from .distributed import Workers
+from .expert_load import ExpertLoad
 from .metrics import EngineStats
 from .model_runner import ModelRunner
 from .outputs import OutputProcessor, RequestState, StreamDelta
@@ -96,6 +97,11 @@ class LLMEngine:
         if not (self.runner.device.type == "cuda" if draft_costs is None else draft_costs):
             self.spec.round_costs = None
         self.stats = EngineStats()
+        layout = engine.config["cache_layout"]
+        self.load = ExpertLoad(layout.get("moe_layers", []), layout.get("num_experts", 0), bc.ep_size)
+        self.runner.read_expert_load()  # start-up's warm-up and capture runs are nobody's load
+        self._load_read_at = float("-inf")
+        self._load_summary: dict = {}
         self.outputs = OutputProcessor(self.tokenizer, eos_ids, self.stats)
         self.admission = Admission(
             self.config, bc, self.blocks, self.scheduler, self.runner.num_heads, self.runner.device,
@@ -447,10 +453,36 @@ class LLMEngine:
             **self.blocks.usage(),
             **self.stats.counters(),
             **self.acceptance.counters(),
+            **self.expert_load_stats(refresh=not self.has_unfinished()),  # idle: the read costs nothing
             "preemptions": self.scheduler.num_preemptions,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
         }
+
+    LOAD_READ_INTERVAL_S = 1.0  # the expert load's device read (a sync) at most this often
+
+    def expert_load_stats(self, refresh: bool = False) -> dict:
+        """The MoE's expert load (runtime/expert_load.py), read from the device at most once a
+        LOAD_READ_INTERVAL_S unless `refresh`: `moe_routed_choices` (tokens times top_k over the layers),
+        `moe_expert_tokens` and `moe_rank_tokens` (over the engine's life), `moe_expert_imbalance` and
+        `moe_rank_imbalance` (max over mean, of the loads between the last two reads that saw tokens: what
+        the recent steps report), and `moe_ep_size`."""
+        now = time.monotonic()
+        if refresh or now - self._load_read_at >= self.LOAD_READ_INTERVAL_S:
+            self._load_read_at = now
+            self.load.add(self.runner.read_expert_load())
+            total, window = self.load.summary(), self.load.window()
+            if window.sum() or not self._load_summary:  # an idle window keeps the last busy one's imbalance
+                recent = self.load.summary(window)
+                self._load_summary["moe_expert_imbalance"] = recent["expert_imbalance"]
+                self._load_summary["moe_rank_imbalance"] = recent["rank_imbalance"]
+            self._load_summary |= {
+                "moe_routed_choices": total["routed_choices"],
+                "moe_expert_tokens": total["expert_tokens"],
+                "moe_rank_tokens": total["rank_tokens"],
+                "moe_ep_size": total["ep_size"],
+            }
+        return dict(self._load_summary)
 
     def metrics(self) -> dict[str, float]:
         """Latency means over the engine's life (time to first token, inter-token latency), cache usage."""

@@ -184,6 +184,7 @@ class ModelRunner:
         self.key_caches, self.value_caches, self.conv_states = st.key_caches, st.value_caches, st.conv_states
         self.head_key_caches, self.head_value_caches = st.head_key_caches, st.head_value_caches
         self.head_conv_states, self.snapshots = st.head_conv_states, st.snapshots
+        self.expert_load = st.expert_load
         self.num_snapshots = st.num_snapshots
         self.num_real_tokens = engine_vocab(engine)
         self._shift_cache: dict[tuple[int, int, int, int], tuple[list, list]] = {}  # see _shift_views
@@ -291,6 +292,15 @@ class ModelRunner:
         self.drafter.head_graphs = self.drafter.draft_graphs = None
         gc.collect()
 
+    def read_expert_load(self) -> np.ndarray:
+        """The step's expert load counters since the last read, int64 [MoE layers, E] (runtime/expert_load.py),
+        and zeroed: one copy to the host, which waits for the steps in flight."""
+        if not self.expert_load:
+            return np.zeros((0, 0), dtype=np.int64)
+        counts = torch.stack(self.expert_load).cpu().numpy().astype(np.int64)
+        torch._foreach_zero_(self.expert_load)
+        return counts
+
     def graph_stats(self) -> dict[str, int]:
         """Calls of the step and head programs that ran from a bucket (graphed) or eager, and captures."""
         out: dict[str, int] = {}
@@ -384,7 +394,7 @@ class ModelRunner:
     def _step_args(self, inputs: StepInputs) -> list:
         return STEP.arguments(
             inputs, weights=self.weights, key_caches=self.key_caches, value_caches=self.value_caches,
-            conv_states=self.conv_states,
+            conv_states=self.conv_states, expert_load=self.expert_load,
         )  # fmt: skip
 
     def _fit_pools_to_memory(self, one_seq: list[int]) -> None:

@@ -17,14 +17,14 @@ from . import reference
 SIGMOID_SPEC = register(
     PluginSpec(
         name="sigmoid_sink_moe",
-        version=2,  # 2: the Triton kernels
+        version=3,  # 2: the Triton kernels; 3: the expert load (expert_load, row_valid)
         doc="the real Inkling's MoE: sigmoid router with a selection bias, joint weights over the chosen and "
         "shared experts, BF16 or NVFP4 routed stacks (the published layout, de-interleaved)",
     )
 )
 
 
-@torch.library.custom_op("inkling::sigmoid_sink_moe", mutates_args=())
+@torch.library.custom_op("inkling::sigmoid_sink_moe", mutates_args=("expert_load",))
 def sigmoid_sink_moe(
     x: torch.Tensor,
     gate: torch.Tensor,
@@ -43,11 +43,15 @@ def sigmoid_sink_moe(
     tile_configs: str,
     impl: str,
     ep_size: int = 1,
+    expert_load: torch.Tensor | None = None,
+    row_valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """BF16 routed experts pass empty scale tensors; NVFP4 ones their E4M3 block scales and float32 [E]
     global scales (plugins/moe/reference.py says every shape).
     ep_size > 1: the stacks are this rank's share of the experts (its rank from the process's
-    communicator, as the collectives find theirs) and the result its part of the sum."""
+    communicator, as the collectives find theirs) and the result its part of the sum.
+    expert_load int32 [E] (mutated), row_valid bool [T]: each valid row's top_k choices are added to the
+    load of the experts chosen, all E of them on every rank (plugins/moe/load.py)."""
     check_impl(SIGMOID_SPEC.name, impl)
     offset = 0
     if ep_size > 1:
@@ -67,15 +71,16 @@ def sigmoid_sink_moe(
             config = {**config, "kernel": "gemv"}
         return launcher.sigmoid_sink_moe(
             x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
-            shared_w2, route_scale, top_k, config=config, expert_offset=offset,
+            shared_w2, route_scale, top_k, config=config, expert_offset=offset, load=expert_load,
+            row_valid=row_valid,
         )  # fmt: skip
     return reference.sigmoid_sink_moe(
         x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
-        shared_w2, route_scale, top_k, offset,
+        shared_w2, route_scale, top_k, offset, expert_load, row_valid,
     )  # fmt: skip
 
 
 @sigmoid_sink_moe.register_fake
 def _(x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
-      shared_w2, route_scale, top_k, tile_configs, impl, ep_size=1):  # fmt: skip
+      shared_w2, route_scale, top_k, tile_configs, impl, ep_size=1, expert_load=None, row_valid=None):  # fmt: skip
     return torch.empty_like(x)

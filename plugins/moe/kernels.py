@@ -50,6 +50,9 @@ def route_kernel(
     BLOCK_E: tl.constexpr,
     TOP_K_P2: tl.constexpr,  # next_power_of_2(TOP_K)
     DIRECT: tl.constexpr = False,  # 1-row blocks: entry t * TOP_K + j is block t * TOP_K + j, no align
+    load_ptr=None,  # COUNT: int32 [E], tokens routed to each expert (all E, whichever rank holds them)
+    row_valid_ptr=None,  # COUNT: bool [T], the rows that are tokens (not a graph bucket's padding)
+    COUNT: tl.constexpr = False,
 ):
     """INKLING_SPEC §3.6: the choice is top-k of sigmoid(z) + bias over the routed E; a chosen expert's or
     shared expert's weight is its sigmoid over the sum of the k chosen and the S shared sigmoids, times
@@ -80,6 +83,9 @@ def route_kernel(
         tl.store(route_w_ptr + t * KS + TOP_K + s, tl.sum(tl.where(offs == E + s, shared, 0.0), axis=0))
     # Expert parallelism: the experts held here, by their index in this rank's stacks; another rank's
     # entry keeps weight 0, which combine_kernel(MASKED) reads as "no output row".
+    if COUNT:  # the expert load (plugins/moe/load.py): one vector of atomics, as the ranks below
+        counted = (offs_k < TOP_K) & (tl.load(row_valid_ptr + t) != 0)
+        tl.atomic_add(load_ptr + ids, 1, mask=counted)
     ids = ids - expert_offset
     mine = (ids >= 0) & (ids < num_local)
     tl.store(route_w_ptr + t * KS + offs_k, tl.where(mine, picked, 0.0), mask=offs_k < TOP_K)

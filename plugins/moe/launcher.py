@@ -155,6 +155,7 @@ class SigmoidRouter:
 def sigmoid_launches(
     x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
     shared_w2, route_scale: float, top_k: int, config: dict | None = None, expert_offset: int = 0,
+    load: torch.Tensor | None = None, row_valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[tuple[str, Callable[[], None]]], dict]:  # fmt: skip
     """The op's launches for its arguments (as `inkling::sigmoid_sink_moe`'s, less tile_configs and impl):
     (y, [(part name, launch)], the config they run). NVFP4 routed experts (the published layout, one global
@@ -174,14 +175,14 @@ def sigmoid_launches(
     router = SigmoidRouter(gate_bias, gate_scale, route_scale)
     y, parts = launches(
         x, gate, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13, shared_w2, E, top_k,
-        router, config=cfg, expert_offset=expert_offset,
+        router, config=cfg, expert_offset=expert_offset, load=load, row_valid=row_valid,
     )  # fmt: skip
     return y, parts, cfg
 
 
-def sigmoid_sink_moe(*args, config: dict | None = None, expert_offset: int = 0) -> torch.Tensor:
+def sigmoid_sink_moe(*args, config: dict | None = None, **kwargs) -> torch.Tensor:
     """`inkling::sigmoid_sink_moe` on the GPU (arguments as `sigmoid_launches`)."""
-    y, parts, cfg = sigmoid_launches(*args, config=config, expert_offset=expert_offset)
+    y, parts, cfg = sigmoid_launches(*args, config=config, **kwargs)
     return _run(y, parts, cfg, args[0])
 
 
@@ -207,10 +208,13 @@ def launches(
     router: SigmoidRouter,
     config: dict | None = None,
     expert_offset: int = 0,
+    load: torch.Tensor | None = None,
+    row_valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[tuple[str, Callable[[], None]]]]:
     """The op as its kernel launches, in order: (the output y, [(part name, launch)]). Running every
     launch fills y; bench/moe.py times them one by one (each reads only buffers the earlier ones wrote,
     so a part can be replayed alone once all have run). router: the sigmoid router's other tensors.
+    load, row_valid: the route counts each valid row's choices into load (int32 [E]; plugins/moe/load.py).
     expert_offset: expert parallelism, the stacks holding experts
     expert_offset .. expert_offset + w13.shape[0] - 1 of the router's num_routed."""
     T, H = x.shape
@@ -264,6 +268,12 @@ def launches(
     chunk = 64
     entry_programs = triton.cdiv(num_entries, chunk)
 
+    count = {}
+    if load is not None and load.numel():
+        if load.shape != (E,) or load.dtype != torch.int32 or row_valid is None or row_valid.shape != (T,):
+            raise ValueError(f"sigmoid_sink_moe: expert load must be int32 [{E}] with row_valid [{T}]")
+        count = dict(load_ptr=load, row_valid_ptr=row_valid, COUNT=True)
+
     def route():
         if router_weight.dtype == x.dtype == torch.bfloat16 and x.is_cuda:
             # BF16 products summed in float32: transformers' float32 router, in cuBLAS's order of the sums
@@ -275,7 +285,7 @@ def launches(
         kernels.route_kernel[(T,)](
             logits, logits.stride(0), router.bias, router.scale, router.route_scale, topk_ids, rank, counts, route_w, sorted_rows, expert_ids, block_rows, E,
             expert_offset, EL, TOP_K=top_k, NUM_SHARED=S, BLOCK_E=triton.next_power_of_2(E + S), TOP_K_P2=triton.next_power_of_2(top_k),
-            DIRECT=direct, num_warps=1 if E + S <= 512 else 4,
+            DIRECT=direct, num_warps=1 if E + S <= 512 else 4, **count,
         )  # fmt: skip
         if direct:
             return

@@ -28,6 +28,8 @@ def sigmoid_sink_moe(
     route_scale: float,
     top_k: int,
     expert_offset: int = 0,
+    expert_load: torch.Tensor | None = None,  # int32 [E], mutated: each valid row's choices counted
+    row_valid: torch.Tensor | None = None,  # bool [T]
 ) -> torch.Tensor:
     """The real Inkling's MoE (INKLING_SPEC §3.6): the sigmoid router, the chosen routed experts (each
     weight after its down projection, accumulated in x's dtype) and the shared experts (weighted before
@@ -38,6 +40,9 @@ def sigmoid_sink_moe(
     result is this rank's part of the sum, the router's choices being every rank's."""
     dtype = x.dtype
     w_top, idx, w_shared = sigmoid_route(x, gate, gate_bias, gate_scale, route_scale, top_k)
+    if expert_load is not None and expert_load.numel():
+        chosen = idx[row_valid].flatten()
+        expert_load.index_add_(0, chosen, torch.ones_like(chosen, dtype=expert_load.dtype))
     quantized = w13_scale.numel() > 0
     y = torch.zeros_like(x)
     for e in torch.unique(idx).tolist():

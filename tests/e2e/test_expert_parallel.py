@@ -20,6 +20,7 @@ from builder.expert_parallel import ROUTED, SHARED_W2, SHARED_W13
 from inkling.published.config import preset
 from inkling.published.synth import write_checkpoint
 from runtime import LLM, PromptInput, SamplingParams
+from runtime.expert_load import rank_loads
 
 from .test_tp import assert_same_logits, record_logits, with_oracle_drafts
 
@@ -58,8 +59,11 @@ def generate(llm: LLM) -> tuple[list[list[int]], list[torch.Tensor]]:
 
 @pytest.fixture(scope="module")
 def baseline(engine_dirs):
+    """ep 1's greedy tokens and logits, and its expert load (runtime/expert_load.py)."""
     llm = LLM(engine_dirs[1])
-    return generate(llm)
+    tokens, logits = generate(llm)
+    llm.engine.expert_load_stats(refresh=True)
+    return tokens, logits, llm.engine.load.total.copy()
 
 
 def rank_bytes(engine_dir, rank: int) -> dict[str, int]:
@@ -166,10 +170,18 @@ class TestExpertParallelLLM:
 
     def test_same_tokens_and_logits_as_ep1(self, ep_llm, baseline):
         n, llm = ep_llm
-        want_tokens, want_logits = baseline
+        want_tokens, want_logits, want_load = baseline
         tokens, logits = generate(llm)
         assert tokens == want_tokens
         assert_same_logits(logits, want_logits, n if n == TP2EP2 else f"ep{n}", "ep1")
+        # Rank 0 counts every expert's tokens (the router is every rank's), and its ranks' loads follow the
+        # placement of E / ep experts a rank
+        load = llm.engine.expert_load_stats(refresh=True)
+        ep = 2 if n == TP2EP2 else n
+        assert (llm.engine.load.total == want_load).all()
+        assert (
+            load["moe_ep_size"] == ep and load["moe_rank_tokens"] == rank_loads(want_load, ep).sum(0).tolist()
+        )
         # Again from the prefix cache (sconv snapshots restored on every rank)
         stats = llm.engine.stats
         before = stats.prefill_tokens

@@ -111,6 +111,7 @@ def test_plugin_nodes_and_their_attributes(engine_bf16, step_onnx):
         [f"key_caches_{j}_out" for j in range(pools)]
         + [f"value_caches_{j}_out" for j in range(pools)]
         + [f"conv_states_{i}_out" for i in range(len(lay["conv_channels"]))]
+        + [f"expert_load_{i}_out" for i in range(len(lay["moe_layers"]))]
     )
     assert model.metadata_props and os.path.getsize(path) < 1 << 20
 
@@ -151,7 +152,7 @@ def test_functional_program_matches_in_place_program(engine_bf16):
     assert torch.equal(out[0], logits) and torch.equal(out[1], hidden)
     written = {
         f"{kind}_{i}": t
-        for kind in ("key_caches", "value_caches", "conv_states")
+        for kind in ("key_caches", "value_caches", "conv_states", "expert_load")
         for i, t in enumerate(example[kind])
     }
     targets = [s.target for s in functional.graph_signature.output_specs[2:]]

@@ -53,6 +53,8 @@ class PagedRunner:
             self.key_caches.append(torch.full(shape, float("nan")))
             self.value_caches.append(torch.full(shape, float("nan")))
         self.conv_states = [torch.zeros(max_seqs, t.conv_kernel_size - 1, C) for C in conv_channels(config)]
+        moe_layers = [i for i in range(t.num_hidden_layers) if not t.is_dense(i)]
+        self.expert_load = [torch.zeros(t.n_routed_experts, dtype=torch.int32) for _ in moe_layers]
 
     def table(self, b: int, seq_len: int, g: int) -> list[int]:
         """Sequence b's blocks in group g; in a sliding group those wholly behind its window point at
@@ -90,7 +92,7 @@ class PagedRunner:
             self.w, torch.tensor(ids), torch.zeros(1, H), torch.tensor([T]), torch.tensor(cu, dtype=torch.int32),
             torch.tensor(lens, dtype=torch.int32), torch.tensor(tables, dtype=torch.int32), slot_map,
             torch.tensor(slots, dtype=torch.int32), torch.arange(T), torch.empty(max(len(c[1]) for c in chunks)),
-            self.key_caches, self.value_caches, self.conv_states,
+            self.key_caches, self.value_caches, self.conv_states, self.expert_load,
         )  # fmt: skip
         return logits
 

@@ -567,6 +567,23 @@ def test_metrics_endpoint(server):
     )
 
 
+def test_metrics_report_the_expert_load(server):
+    """The MoE's expert load on /metrics: routed choices grow with the tokens served, and the per-expert and
+    per-rank gauges add up to them (one rank here); imbalance is max over mean, at least 1."""
+    load = lambda m, name: m[f'inkling_moe_load{{stat="{name}"}}']  # noqa: E731
+    time.sleep(METRICS_LAG_S)
+    before = load(metrics(server), "routed_choices")
+    assert_serving(server)  # the engine reads its counters when it goes idle
+    deadline = time.monotonic() + 10
+    while load(m := metrics(server), "routed_choices") <= before:
+        assert time.monotonic() < deadline, "the expert load did not move"
+        time.sleep(0.05)
+    experts = [v for k, v in m.items() if k.startswith("inkling_moe_expert_tokens{")]
+    ranks = [v for k, v in m.items() if k.startswith("inkling_moe_rank_tokens{")]
+    assert len(experts) > 1 and sum(experts) == load(m, "routed_choices") == sum(ranks) and len(ranks) == 1
+    assert load(m, "expert_imbalance") >= 1.0 and load(m, "rank_imbalance") == 1.0 and load(m, "ep_size") == 1
+
+
 def test_repository_carries_the_engine_options(engine_f32, tmp_path):
     """`--cuda-graphs`, `--overlap` and the engine's other options reach the `inkling` model's parameters."""
     from model_repo.serve import fill_repository

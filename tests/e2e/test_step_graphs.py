@@ -193,7 +193,7 @@ def _snapshot(runner) -> list[torch.Tensor]:
     return [
         t.clone()
         for t in (
-            *runner.key_caches, *runner.value_caches, *runner.conv_states,
+            *runner.key_caches, *runner.value_caches, *runner.conv_states, *runner.expert_load,
             *runner.head_key_caches, *runner.head_value_caches, *heads,
         )
     ]  # fmt: skip
@@ -201,7 +201,7 @@ def _snapshot(runner) -> list[torch.Tensor]:
 
 def test_a_batch_of_padding_writes_nothing(engine_f32):
     """What a bucket runs beyond the real rows (and all of the warm-up runs before a capture): no KV,
-    sconv state or head cache changes."""
+    sconv state, expert load or head cache changes."""
     runner = LLMEngine(engine_f32[0], pad_eager=True).runner
     g = torch.Generator().manual_seed(0)
     for t in _snapshot_sources(runner):
@@ -209,7 +209,10 @@ def test_a_batch_of_padding_writes_nothing(engine_f32):
     before = _snapshot(runner)
     c = runner.config
     step = _step_args(1, 1, [1], runner.num_groups, runner.build.max_blocks_per_seq, c.hidden_size)
-    step = [runner.weights, *step[1:11], runner.key_caches, runner.value_caches, runner.conv_states]
+    step = [
+        runner.weights, *step[1:11], runner.key_caches, runner.value_caches, runner.conv_states,
+        runner.expert_load,
+    ]  # fmt: skip
     padded = empty_batch(step, STEP_ARGS)
     for i, x in pad_ragged(padded, STEP_ARGS, 4, 12, 4).items():
         padded[i] = x
@@ -229,7 +232,7 @@ def test_a_batch_of_padding_writes_nothing(engine_f32):
 def _snapshot_sources(runner) -> list[torch.Tensor]:
     heads = [t for states in runner.head_conv_states for t in states]
     return [
-        *runner.key_caches, *runner.value_caches, *runner.conv_states,
+        *runner.key_caches, *runner.value_caches, *runner.conv_states, *runner.expert_load,
         *runner.head_key_caches, *runner.head_value_caches, *heads,
     ]  # fmt: skip
 

@@ -253,3 +253,29 @@ def test_gpu_expert_parallel_shares_real_shapes(T, nvfp4):
         args = moe_args(x, share, 6, 8.0)
         got = launcher.sigmoid_sink_moe(*args, config=launcher.select_config(None, T), expert_offset=offset)
         assert_close(got, reference(*args, expert_offset=offset), 2e-2)
+
+
+@pytest.mark.parametrize("form", ["gemv", "mma-16"])
+@pytest.mark.parametrize("ep", [1, 2])
+def test_the_route_counts_the_expert_load(form, ep):
+    """expert_load: the Triton route adds each valid row's top_k choices, by global expert id on every rank
+    (a rank's share routes all E), as the reference op does; invalid rows (a graph bucket's padding) add
+    nothing, and the output is the same with or without counting."""
+    from plugins.moe.reference import sigmoid_sink_moe as reference
+
+    layer = make_layer(**TINY)
+    x = torch.randn(7, TINY["H"], device=DEVICE)
+    valid = torch.tensor([1, 1, 0, 1, 1, 1, 0], dtype=torch.bool, device=DEVICE)
+    k, E = TINY["top_k"], TINY["E"]
+    share, offset = ep_share(layer, 1, ep) if ep > 1 else (layer, 0)
+    _, idx, _ = sigmoid_route(x, *layer[:3], 2.5, k)
+    want = torch.zeros(E, dtype=torch.int32, device=DEVICE).index_add_(
+        0, idx[valid].flatten(), torch.ones(int(valid.sum()) * k, dtype=torch.int32, device=DEVICE)
+    )
+    args = moe_args(x, share, k)
+    got, ref = torch.zeros_like(want), torch.zeros_like(want)
+    y = launcher.sigmoid_sink_moe(*args, config=FORMS[form], expert_offset=offset, load=got, row_valid=valid)
+    y_ref = reference(*args, expert_offset=offset, expert_load=ref, row_valid=valid)
+    assert torch.equal(got, want) and torch.equal(ref, want)
+    assert torch.equal(y, launcher.sigmoid_sink_moe(*args, config=FORMS[form], expert_offset=offset))
+    assert_close(y_ref, reference(*args, expert_offset=offset), 0)

@@ -37,11 +37,12 @@ def test_a_forward_that_differs_from_its_contract_is_refused():
 
 def test_arguments_are_placed_by_name():
     t = {f: torch.tensor([i]) for i, f in enumerate(StepInputs.__dataclass_fields__)}
-    args = STEP.arguments(StepInputs(**t), weights="w", key_caches="k", value_caches="v", conv_states="c")
-    assert args[0] == "w" and args[-3:] == ["k", "v", "c"]
+    fixed = dict(weights="w", key_caches="k", value_caches="v", conv_states="c", expert_load="e")
+    args = STEP.arguments(StepInputs(**t), **fixed)
+    assert args[0] == "w" and args[-4:] == ["k", "v", "c", "e"]
     assert STEP.by_name(args)["q_bound"] is t["q_bound"] and args[STEP.index("seq_lens")] is t["seq_lens"]
     with pytest.raises(TypeError):
-        STEP.arguments(StepInputs(**t), weights="w", key_caches="k", value_caches="v")  # conv_states missing
+        STEP.arguments(StepInputs(**t), weights="w", key_caches="k", value_caches="v", conv_states="c")
     h = {f: torch.tensor([0]) for f in HeadInputs.__dataclass_fields__}
     p = PickInputs(*(torch.tensor([0]) for _ in range(3)))
     args = HEAD_PICK.arguments(
@@ -69,6 +70,7 @@ def test_dynamic_shapes_by_name():
         "key_caches": [0, 0],
         "value_caches": [0, 0],
         "conv_states": [0] * 3,
+        "expert_load": [0] * 2,
     }
     from torch.export import Dim
 
@@ -81,6 +83,7 @@ def test_dynamic_shapes_by_name():
     assert all((c[0].min, c[0].max) == (2, 1 << 20) for c in d["key_caches"])
     assert (
         d["conv_states"] == [None] * 3
+        and d["expert_load"] == [None] * 2
         and d["block_tables"] == {1: "batch"}
         and d["cu_seqlens_q"] == {0: "batch+1"}
     )

@@ -75,6 +75,12 @@ ENGINE_GAUGES = (
     *(f"spec_accepted_{i}" for i in range(1, 9)),  # per draft position (AcceptanceStats.counters)
 )
 
+# The MoE's expert load (runtime/expert_load.py): routed choices (tokens times top_k over the MoE layers), the
+# recent expert and rank imbalance (max over mean), the expert-parallel size the ranks are counted at; and
+# per expert and per rank the tokens routed there over the engine's life (summed over the MoE layers).
+MOE_GAUGES = ("moe_routed_choices", "moe_expert_imbalance", "moe_rank_imbalance", "moe_ep_size")
+MOE_LISTS = {"moe_expert_tokens": "expert", "moe_rank_tokens": "rank"}
+
 
 @dataclass
 class InFlight:
@@ -360,18 +366,40 @@ class TritonPythonModel:
             description="Running totals of the inkling engine: steps, seconds inside them, tokens",
             kind=pb_utils.MetricFamily.GAUGE,
         )
-        self.metric_families = (blocks, requests, engine)
+        moe = pb_utils.MetricFamily(
+            name="inkling_moe_load",
+            description="The MoE's expert load: routed choices, recent expert and rank imbalance (max / mean)",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        per = {
+            key: pb_utils.MetricFamily(
+                name=f"inkling_{key}",
+                description=f"Tokens routed to each {label} over the engine's life, summed over the MoE layers",
+                kind=pb_utils.MetricFamily.GAUGE,
+            )
+            for key, label in MOE_LISTS.items()
+        }
+        self.metric_families = (blocks, requests, engine, moe, *per.values())
         self.gauges = {
             k: blocks.Metric(labels={"kv_cache_block_type": k.removesuffix("_blocks")}) for k in CACHE_GAUGES
         }
         self.gauges |= {k: requests.Metric(labels={"request_state": k}) for k in REQUEST_GAUGES}
         self.gauges |= {k: engine.Metric(labels={"stat": k}) for k in ENGINE_GAUGES}
+        self.gauges |= {k: moe.Metric(labels={"stat": k.removeprefix("moe_")}) for k in MOE_GAUGES}
+        stats = self.loop.cache_stats()
+        self.list_gauges = {
+            key: [per[key].Metric(labels={label: str(i)}) for i in range(len(stats.get(key, [])))]
+            for key, label in MOE_LISTS.items()
+        }
         self._publish_metrics()
 
     def _publish_metrics(self) -> None:
         stats = self.loop.cache_stats()
         for key, gauge in self.gauges.items():
             gauge.set(float(stats.get(key, 0)))
+        for key, gauges in self.list_gauges.items():
+            for gauge, value in zip(gauges, stats.get(key, [])):
+                gauge.set(float(value))
 
     def finalize(self) -> None:
         self.finalizing = True
@@ -379,6 +407,7 @@ class TritonPythonModel:
         self.outbox.put(None)
         self.sender.join(5)
         self.gauges.clear()
+        self.list_gauges.clear()
         self.metric_families = ()
 
 
