@@ -279,3 +279,32 @@ def test_the_route_counts_the_expert_load(form, ep):
     assert torch.equal(got, want) and torch.equal(ref, want)
     assert torch.equal(y, launcher.sigmoid_sink_moe(*args, config=FORMS[form], expert_offset=offset))
     assert_close(y_ref, reference(*args, expert_offset=offset), 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("T", [1, 64, 300])
+def test_gpu_route_counts_real_shapes(T):
+    """The expert load at the real layer's shapes, on the decode kernel's one-row blocks (T = 1), the bd
+    batch bucket and the aligned blocks, replayed from a CUDA graph: each valid row's choices, as the model's
+    router makes them (float32 activations: the router's logits are the same computation)."""
+    shape = dict(H=6144, I=3072, E=256, S=2, top_k=6)
+    layer = make_layer(**shape)
+    x = torch.randn(T, shape["H"], device=DEVICE)
+    valid = torch.rand(T, device=DEVICE) > 0.25
+    valid[0] = True
+    _, idx, _ = sigmoid_route(x, *layer[:3], 8.0, 6)
+    want = torch.bincount(idx[valid].flatten(), minlength=256).to(torch.int32)
+    load = torch.zeros(256, dtype=torch.int32, device=DEVICE)
+    args = moe_args(x, layer, 6, 8.0)
+    cfg = launcher.select_config(None, T)
+    launcher.sigmoid_sink_moe(*args, config=cfg, load=load, row_valid=valid)  # compile outside the capture
+    assert torch.equal(load, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launcher.sigmoid_sink_moe(*args, config=cfg, load=load, row_valid=valid)
+    load.zero_()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(load, 3 * want)
