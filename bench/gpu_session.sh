@@ -224,8 +224,10 @@ moe)
     ;;
 plugins)
     with_transformers
-    run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
-    run kernels_gpu 340 "${PYTEST[@]}" -m gpu tests/kernels --ignore=tests/kernels/test_moe.py
+    run published_gpu "${PUB_LIMIT:-200}" "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run kernels_gpu "${KERNEL_LIMIT:-340}" "${PYTEST[@]}" -m gpu tests/kernels/test_sigmoid_moe.py \
+        tests/kernels/test_sconv.py tests/kernels/test_bank_attention.py tests/kernels/test_attention.py \
+        tests/kernels/test_moe_prmt.py
     pack plugins
     ;;
 serving)
