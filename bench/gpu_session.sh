@@ -222,6 +222,14 @@ moe)
     run moe "${MOE_LIMIT:-380}" python3 bench/moe.py --out "$OUT/moe" ${MOE_ARGS:-}
     pack moe
     ;;
+moe-fix)
+    # The sigmoid MoE's GPU tests (every op argument passed; real-shape layers drawn in their dtype), the bf16
+    # table's chunk shear, then the MoE launcher's forms but the slow decode-kernel sweep
+    run moe_real "${MOE_LIMIT:-110}" "${PYTEST[@]}" -m gpu tests/kernels/test_sigmoid_moe.py
+    run chunk "${CHUNK_LIMIT:-30}" "${PYTEST[@]}" -m gpu tests/kernels/test_attention.py -k chunk_shear
+    run moe_forms "${FORMS_LIMIT:-80}" "${PYTEST[@]}" -m gpu tests/kernels/test_moe.py -k "not decode_kernels"
+    pack moe-fix
+    ;;
 plugins)
     with_transformers
     run published_gpu "${PUB_LIMIT:-200}" "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py

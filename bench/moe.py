@@ -28,6 +28,7 @@ import triton.testing
 import plugins  # noqa: F401  (registers the ops)
 from inkling.published.ops import sigmoid_route
 from plugins.moe import launcher as moe_launcher
+from plugins.moe import moe
 from plugins.nvfp4 import dequantize_nvfp4, random_nvfp4
 
 H, I, E, S, TOP_K, ROUTE_SCALE = 6144, 3072, 256, 2, 6, 8.0  # the real layer (INKLING_SPEC §3.6)
@@ -128,7 +129,7 @@ def experts_touched(args) -> int:
 
 
 def reference(args):
-    return torch.ops.inkling.sigmoid_sink_moe(*args, "", "reference")
+    return moe(*args, impl="reference")
 
 
 def moe_section(out_dir, tokens=TOKENS):
@@ -156,7 +157,7 @@ def moe_section(out_dir, tokens=TOKENS):
     for T in tokens:
         args = inputs(T, seed=T)
         x = args[0]
-        tri = lambda: torch.ops.inkling.sigmoid_sink_moe(*args, tile_configs, "triton")  # noqa: B023, E731
+        tri = lambda: moe(*args, tile_configs=tile_configs)  # noqa: B023, E731
         ref = lambda: reference(args)  # noqa: B023, E731
         peer = lambda: peer_moe(x, layer, w13_bf16, w2_bf16)  # noqa: B023, E731
         y_tri, y_ref = tri(), ref()

@@ -42,16 +42,18 @@ def sigmoid_sink_moe(
     top_k: int,
     tile_configs: str,
     impl: str,
-    ep_size: int = 1,
-    expert_load: torch.Tensor | None = None,
-    row_valid: torch.Tensor | None = None,
+    ep_size: int,
+    expert_load: torch.Tensor,
+    row_valid: torch.Tensor,
 ) -> torch.Tensor:
     """BF16 routed experts pass empty scale tensors; NVFP4 ones their E4M3 block scales and float32 [E]
     global scales (plugins/moe/reference.py says every shape).
     ep_size > 1: the stacks are this rank's share of the experts (its rank from the process's
     communicator, as the collectives find theirs) and the result its part of the sum.
     expert_load int32 [E] (mutated), row_valid bool [T]: each valid row's top_k choices are added to the
-    load of the experts chosen, all E of them on every rank (plugins/moe/load.py)."""
+    load of the experts chosen, all E of them on every rank (runtime/expert_load.py); empty tensors count
+    nothing. Every argument is required: torch 2.11's in-place bookkeeping of a custom op indexes the
+    mutated argument among those passed, so one left to its default fails there."""
     check_impl(SIGMOID_SPEC.name, impl)
     offset = 0
     if ep_size > 1:
@@ -80,7 +82,16 @@ def sigmoid_sink_moe(
     )  # fmt: skip
 
 
+NO_LOAD = torch.empty(0, dtype=torch.int32)  # expert_load and row_valid of a call that counts nothing
+
+
+def moe(*args, tile_configs: str = "", impl: str = "triton", ep_size: int = 1) -> torch.Tensor:
+    """The op on its weight arguments (x .. top_k) without counting the expert load (tests, benchmarks)."""
+    none = NO_LOAD.to(args[0].device)
+    return torch.ops.inkling.sigmoid_sink_moe(*args, tile_configs, impl, ep_size, none, none)
+
+
 @sigmoid_sink_moe.register_fake
 def _(x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
-      shared_w2, route_scale, top_k, tile_configs, impl, ep_size=1, expert_load=None, row_valid=None):  # fmt: skip
+      shared_w2, route_scale, top_k, tile_configs, impl, ep_size, expert_load, row_valid):  # fmt: skip
     return torch.empty_like(x)

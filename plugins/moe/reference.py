@@ -40,7 +40,7 @@ def sigmoid_sink_moe(
     result is this rank's part of the sum, the router's choices being every rank's."""
     dtype = x.dtype
     w_top, idx, w_shared = sigmoid_route(x, gate, gate_bias, gate_scale, route_scale, top_k)
-    if expert_load is not None and expert_load.numel():
+    if expert_load is not None and expert_load.numel():  # empty: nothing counted
         chosen = idx[row_valid].flatten()
         expert_load.index_add_(0, chosen, torch.ones_like(chosen, dtype=expert_load.dtype))
     quantized = w13_scale.numel() > 0

@@ -13,7 +13,7 @@ import torch
 
 import plugins  # noqa: F401  (registers the ops)
 from inkling.published.ops import sigmoid_route
-from plugins.moe import launcher
+from plugins.moe import launcher, moe
 
 from .test_sigmoid_moe import DEVICE, HAS_CUDA, assert_close, make_layer, moe_args, spec_moe
 
@@ -28,7 +28,7 @@ def table_of(cfg: dict) -> str:
 
 
 def run_op(x, layer, top_k, tile_configs="", impl="triton"):
-    return torch.ops.inkling.sigmoid_sink_moe(*moe_args(x, layer, top_k), tile_configs, impl)
+    return moe(*moe_args(x, layer, top_k), tile_configs=tile_configs, impl=impl)
 
 
 def tokens(T, H, seed=0, dtype=torch.float32):
