@@ -117,7 +117,7 @@ def cache_layout(config: InklingConfig, num_depths: int = 0, tp_size: int = 1) -
         "conv_channels": conv_channels(config, tp_size),
         "conv_dtype": "float32",
         "sconv_kernel_size": t.conv_kernel_size,
-        # the step's expert load counters: one int32 [num_experts] per MoE layer (plugins/moe/load.py)
+        # the step's expert load counters: one int32 [num_experts] per MoE layer (runtime/expert_load.py)
         "moe_layers": [i for i in range(t.num_hidden_layers) if not t.is_dense(i)],
         "num_experts": t.n_routed_experts,
     }

@@ -215,7 +215,7 @@ class StepProgram(nn.Module):
         x = torch.cat([x, x.new_zeros(1, x.shape[1])])  # the splice's dummy row at T (STEP contract)
         return x.index_copy(0, mm_positions, mm_embeds.to(x.dtype))[:-1]
 
-    def mlp(self, w, p, m, layer, load=None, row_valid=None):
+    def mlp(self, w, p, m, layer, load, row_valid):
         t = self.c.text
         if t.is_dense(layer):
             return self.dense_mlp(w, f"{p}.", m)

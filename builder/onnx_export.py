@@ -64,17 +64,6 @@ def _mutated_args(op: torch._ops.OpOverload) -> list[int]:
     ]
 
 
-def _schema_type(t) -> str:
-    """A schema argument's type as the schema language spells it (Optional[Tensor] is `Tensor?`)."""
-    if isinstance(t, torch.OptionalType):
-        return f"{_schema_type(t.getElementType())}?"
-    return str(t)
-
-
-def _is_tensor(a) -> bool:
-    return _schema_type(a.type) in ("Tensor", "Tensor?")
-
-
 def functional_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
     """`inkling_onnx::<name>(same args) -> (outputs..., new value of each mutated arg...)`."""
     global _twin_lib
@@ -84,7 +73,7 @@ def functional_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
     if _twin_lib is None:
         _twin_lib = torch.library.Library(TWIN_NAMESPACE, "FRAGMENT")
     mutated = _mutated_args(op)
-    args = ", ".join(f"{_schema_type(a.type)} {a.name}" for a in op._schema.arguments)
+    args = ", ".join(f"{a.type} {a.name}" for a in op._schema.arguments)
     returns = [str(r.type) for r in op._schema.returns] + ["Tensor"] * len(mutated)
     _twin_lib.define(f"{name}({args}) -> ({', '.join(returns)})")
 
@@ -258,7 +247,7 @@ def _translation(op: torch._ops.OpOverload, plugin: str, n_mutated: int = 0):
 
     spec = plugins.get(plugin)
     schema_args = op._schema.arguments
-    inputs = [a.name for a in schema_args if _is_tensor(a) or a.name in SCALAR_INPUTS]
+    inputs = [a.name for a in schema_args if str(a.type) == "Tensor" or a.name in SCALAR_INPUTS]
     attrs = {a.name: _SCHEMA_ATTR[str(a.type)] for a in schema_args if a.name not in inputs}
     fixed = {"version": spec.version}
     if spec.weight_layout_version is not None:

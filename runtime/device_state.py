@@ -33,7 +33,7 @@ class DeviceState:
     head_value_caches: list[torch.Tensor]
     head_conv_states: list[list[torch.Tensor]]  # per MTP head, sites k, v, o: [max_batch_size, S, C]
     snapshots: list[torch.Tensor]  # per conv state: [num_snapshots, K - 1, C]
-    expert_load: list[torch.Tensor]  # per MoE layer: int32 [num_experts], tokens routed (plugins/moe/load.py)
+    expert_load: list[torch.Tensor]  # per MoE layer: int32 [num_experts] (runtime/expert_load.py)
 
     @classmethod
     def allocate(

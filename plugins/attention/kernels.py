@@ -515,7 +515,7 @@ def _fill_relative_table(
 def bank_attention_kernel(
     q_ptr,  # [T, Hq, D]
     r_ptr,  # [T, Hq, DR]
-    e_ptr,  # [Hq, R, DR]
+    e_ptr,  # the relative table: row (h, x) at h * stride_eh + x * stride_er (the bank: [R, DR], stride_eh 0)
     k_cache_ptr,  # [NB, BS, Hkv, D]
     v_cache_ptr,
     block_table_ptr,  # int32 [B, MB]

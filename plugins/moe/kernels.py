@@ -83,7 +83,7 @@ def route_kernel(
         tl.store(route_w_ptr + t * KS + TOP_K + s, tl.sum(tl.where(offs == E + s, shared, 0.0), axis=0))
     # Expert parallelism: the experts held here, by their index in this rank's stacks; another rank's
     # entry keeps weight 0, which combine_kernel(MASKED) reads as "no output row".
-    if COUNT:  # the expert load (plugins/moe/load.py): one vector of atomics, as the ranks below
+    if COUNT:  # the expert load (runtime/expert_load.py): one vector of atomics, as the ranks below
         counted = (offs_k < TOP_K) & (tl.load(row_valid_ptr + t) != 0)
         tl.atomic_add(load_ptr + ids, 1, mask=counted)
     ids = ids - expert_offset

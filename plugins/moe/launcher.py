@@ -214,7 +214,7 @@ def launches(
     """The op as its kernel launches, in order: (the output y, [(part name, launch)]). Running every
     launch fills y; bench/moe.py times them one by one (each reads only buffers the earlier ones wrote,
     so a part can be replayed alone once all have run). router: the sigmoid router's other tensors.
-    load, row_valid: the route counts each valid row's choices into load (int32 [E]; plugins/moe/load.py).
+    load, row_valid: the route counts each valid row's choices into load (int32 [E]; runtime/expert_load.py).
     expert_offset: expert parallelism, the stacks holding experts
     expert_offset .. expert_offset + w13.shape[0] - 1 of the router's num_routed."""
     T, H = x.shape
