@@ -16,6 +16,11 @@ The layouts (B users in all, one token each a step, context --context):
 - dp/ep: data-parallel attention, each GPU its B/N users with the whole attention, dense layers, shared
   experts and unembedding, routed experts E/N a GPU. Tokens go to their experts' GPUs and back by two
   all-to-alls a MoE layer: each token's hidden state to each of its top-k experts' GPUs other than its own.
+  (Not built: the engine's dispatch is the next layout's.)
+- dp/ep gather: data-parallel attention as built (runtime/data_parallel.py): the shared experts sliced by
+  width as the routed experts are placed, and every GPU's rows all-gathered to every GPU and the sums
+  reduce-scattered back, a MoE layer (fixed shapes, CUDA-graph safe; the all-to-all's bytes grow with top-k,
+  these with N).
 Collective bytes are what one GPU sends: a ring all-reduce of S bytes sends 2 (N-1)/N S. Time at the
 bound: bytes read over 4.35 TB/s, plus bytes sent over --link_gbs (NVLink, one direction), plus
 --collective_us a collective. The logits (vocabulary-parallel sampling in every layout) and the MTP depths
@@ -35,7 +40,7 @@ from inkling.published.config import preset
 from .bound import BANDWIDTH, BF16, NVFP4, expected_distinct_experts
 from .projection import H200_BYTES, busiest_share, total_weight_bytes, write
 
-LAYOUTS = ("tp", "attn-tp/ep", "dp/ep")
+LAYOUTS = ("tp", "attn-tp/ep", "dp/ep", "dp/ep gather")
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,12 @@ def layout_step(c, parts: Parts, layout: str, gpus: int, batch: int) -> dict:
         # each token to its top-k experts' GPUs other than its own, and back
         away = t.num_experts_per_tok * (n - 1) / n
         sent, collectives = 2 * parts.moe_layers * local * away * token, 2 * parts.moe_layers
+    elif layout == "dp/ep gather":
+        local = math.ceil(batch / n)
+        read = parts.attention + parts.dense + parts.shared / n + parts.unembed + parts.router
+        read += busiest * parts.expert + local * parts.kv_per_user
+        # a ring all-gather of the N * local rows, and a ring reduce-scatter of their sums
+        sent, collectives = 2 * parts.moe_layers * (n - 1) * local * token, 2 * parts.moe_layers
     else:
         raise ValueError(f"unknown layout {layout!r}: one of {LAYOUTS}")
     return {"read_bytes": read, "sent_bytes": sent, "collectives": collectives, "distinct_experts": distinct}
@@ -106,10 +117,10 @@ def layout_step(c, parts: Parts, layout: str, gpus: int, batch: int) -> dict:
 def weights_per_gpu(c, parts: Parts, layout: str, gpus: int) -> float:
     """Weight bytes on the fullest GPU (MTP depths and towers split evenly: they are small beside the rest)."""
     whole = total_weight_bytes(c)
-    if layout != "dp/ep":
+    if not layout.startswith("dp/ep"):
         return whole / gpus
-    experts = parts.expert * c.text.n_routed_experts
-    return (whole - experts) + experts / gpus  # everything but the routed experts on every GPU
+    split = parts.expert * c.text.n_routed_experts + (parts.shared if layout == "dp/ep gather" else 0)
+    return (whole - split) + split / gpus  # everything but the routed (and split shared) experts on every GPU
 
 
 def project(args: argparse.Namespace) -> dict:
@@ -141,7 +152,8 @@ def table(p: dict) -> str:
         "",
         f"Bytes read over 4.35 TB/s, bytes sent over {p['link_gbs']:.0f} GB/s, {p['collective_us']:.0f} µs a "
         "collective; the busiest GPU. tp: every expert sliced; attn-tp/ep: attention split, experts whole; "
-        "dp/ep: attention per GPU for its own users, experts whole, all-to-all dispatch.",
+        "dp/ep: attention per GPU for its own users, experts whole, all-to-all dispatch (not built); dp/ep gather: "
+        "the same with the engine's all-gather dispatch and width-split shared experts.",
         "",
         "| users | layout | weights per GPU | read per GPU | sent per GPU | step bound | tokens/s per user | "
         "tokens/s |",

@@ -310,6 +310,9 @@ def build_from_tensors(
         shared = "split by tensor parallelism" if bc.tp_size > 1 else "width split"
         log(f"expert parallel: {bc.ep_size} ranks, {ep.experts_per_rank} routed experts each, the shared "
             f"experts' {shared}, collectives {impls['collectives']}")  # fmt: skip
+    if bc.dp_size > 1:
+        log(f"data-parallel attention: {bc.dp_size} replicas, each with its own requests, caches, MTP depths "
+            "and towers, meeting in the expert-parallel MoE")  # fmt: skip
     with log.phase("weights"):
         weights = {n: t.to(device) for n, t in engine_tensors(config, tensors, dtype, num_depths)}
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
@@ -340,7 +343,7 @@ def build_from_tensors(
         with torch.no_grad():
             moe_tiles = json.dumps(tuning["sigmoid_sink_moe"]) if "sigmoid_sink_moe" in tuning else ""
             step = torch.export.export(
-                StepProgram(config, impls, moe_tiles, bc.ep_size, bc.tp_size),
+                StepProgram(config, impls, moe_tiles, bc.ep_size, bc.tp_size, bc.dp_size),
                 tuple(args),
                 dynamic_shapes=dynamic,
             )
@@ -354,6 +357,11 @@ def build_from_tensors(
             **export_towers(config, bc, towers, device, dtype),
         }
         log(f"programs: {sorted(programs)}")
+        if bc.dp_size > 1:  # each replica drafts and encodes media for its own requests
+            own = {n: w for n, w in weights.items() if n not in step_weights}
+            for part in other_ranks.values():
+                part.weights.update(own)
+                part.programs.update(programs)  # the towers' weights are inside theirs
     ops = {
         name: {"impl": impls[name], "version": plugins.get(name).version,
                "weight_layout_version": plugins.get(name).weight_layout_version}
@@ -369,6 +377,7 @@ def build_from_tensors(
             "world_size": bc.world_size,
             "tp_size": bc.tp_size,
             "ep_size": bc.ep_size,
+            "dp_size": bc.dp_size,
             "experts_per_rank": ep.experts_per_rank,
             **(tp.sizes() if bc.tp_size > 1 else {}),
         },

@@ -104,6 +104,11 @@ class BuildConfig:
     # replicated; with tp_size (= ep_size), on the same ranks: attention and the dense parts split by
     # tensor parallelism, the routed experts whole by expert parallelism (builder/expert_parallel.py).
     ep_size: int = 1
+    # Data-parallel attention (the real Inkling): dp_size replicas of everything but the routed experts, each
+    # with its own requests, KV cache and scheduler, meeting in the expert-parallel MoE on the same ranks
+    # (dp_size = ep_size, tp_size 1): each MoE layer gathers the replicas' tokens, every rank computes its
+    # experts' share for all of them, and a reduce-scatter hands each replica its own tokens' sums.
+    dp_size: int = 1
     # torch.compile the step program at build and save the compiler's cache artifacts in the engine, so
     # that a load compiles from them; the runtime then compiles the MTP head program too. Off by default:
     # the build's compile step warms a second runner (another set of KV caches) and tp > 1 builds do not
@@ -123,6 +128,7 @@ class BuildConfig:
             "tokens_per_block",
             "tp_size",
             "ep_size",
+            "dp_size",
         ):
             _require(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
         _require(
@@ -133,6 +139,17 @@ class BuildConfig:
             self.tp_size == 1 or self.ep_size in (1, self.tp_size),
             f"tp_size {self.tp_size} with ep_size {self.ep_size}: attention's tensor parallelism and the MoE's "
             "expert parallelism share their ranks, so ep_size must be 1 or equal tp_size",
+        )
+        _require(
+            self.dp_size == 1 or (self.ep_size == self.dp_size and self.tp_size == 1),
+            f"dp_size {self.dp_size} with ep_size {self.ep_size} and tp_size {self.tp_size}: data-parallel "
+            "attention replicas meet in the expert-parallel MoE on the same ranks, so dp_size needs ep_size "
+            "equal to it and tp_size 1 (attention tensor parallelism inside a replica is not built)",
+        )
+        _require(
+            self.dp_size == 1 or self.max_num_tokens <= self.max_seq_len,
+            f"dp_size {self.dp_size}: a replica pads its step to the replicas' largest with one padding "
+            f"sequence, which must fit max_seq_len ({self.max_seq_len}); max_num_tokens is {self.max_num_tokens}",
         )
         _require(self.max_input_len <= self.max_seq_len, "max_input_len must not exceed max_seq_len")
         _require(self.max_num_tokens >= self.max_batch_size, "max_num_tokens must be at least max_batch_size")
@@ -145,8 +162,8 @@ class BuildConfig:
 
     @property
     def world_size(self) -> int:
-        """The ranks the engine runs on: tp_size, or ep_size; both on the same ranks where both are set."""
-        return max(self.tp_size, self.ep_size)
+        """The ranks the engine runs on: tp_size, ep_size or dp_size; on the same ranks where several are set."""
+        return max(self.tp_size, self.ep_size, self.dp_size)
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -85,9 +85,7 @@ class Engine:
     @property
     def model_config(self) -> InklingConfig:
         """The model's config (its published config.json, with the NVFP4 description if quantized)."""
-        q = self.config.get("quantization")
-        quant = QuantConfig.from_dict(q, "engine config.json: quantization") if q else None
-        return InklingConfig.from_dict(self.config["pretrained_config"], "engine config.json", quant)
+        return model_config_of(self.config)
 
     @property
     def build_config(self) -> BuildConfig:
@@ -104,6 +102,10 @@ class Engine:
     @property
     def ep_size(self) -> int:
         return self.config.get("mapping", {}).get("ep_size", 1)
+
+    @property
+    def dp_size(self) -> int:
+        return self.config.get("mapping", {}).get("dp_size", 1)
 
     @property
     def world_size(self) -> int:
@@ -299,6 +301,14 @@ def check_compatible(config: dict[str, Any], device: str | None) -> None:
             raise EngineError(f"engine config is corrupt: {e}") from e
 
 
+def model_config_of(config: dict[str, Any]) -> InklingConfig:
+    """An engine's model config from its config.json (the published config, with the NVFP4 description if
+    quantized)."""
+    q = config.get("quantization")
+    quant = QuantConfig.from_dict(q, "engine config.json: quantization") if q else None
+    return InklingConfig.from_dict(config["pretrained_config"], "engine config.json", quant)
+
+
 def world_size_of(config: dict[str, Any]) -> int:
     """The ranks an engine (its config.json) runs on: its mapping's world_size (BuildConfig.world_size)."""
     mapping = config.get("mapping", {})
@@ -310,6 +320,8 @@ def check_mapping(engine_dir: str, config: dict[str, Any], rank: int, world_size
     mapping = config.get("mapping", {})
     n = world_size_of(config)
     split = f"tp_size {mapping.get('tp_size', 1)}, ep_size {mapping.get('ep_size', 1)}"
+    if mapping.get("dp_size", 1) > 1:
+        split += f", dp_size {mapping['dp_size']}"
     if world_size is not None and world_size != n:
         raise EngineError(
             f"engine {engine_dir} was built for {split} and runs on exactly {n} ranks, not {world_size}: "

@@ -139,6 +139,7 @@ class StepProgram(nn.Module):
         moe_tiles: str = "",
         ep_size: int = 1,
         tp_size: int = 1,
+        dp_size: int = 1,
     ):
         """ep_size > 1: each rank holds its share of the routed experts and of the shared experts' width
         (builder/expert_parallel.py); the MoE's partial sums meet by a reduce-scatter and an all-gather
@@ -147,9 +148,13 @@ class StepProgram(nn.Module):
         (builder/tensor_parallel.py); attention's and the MLP's partial sums are reduce-scattered, their
         sconvs run on the rank's channels, and an all-gather rebuilds the residual; the logits are
         gathered. Both (on the same ranks): the routed experts as ep_size, the rest as tp_size; the MoE's
-        partial sum is reduce-scattered with the MLP's sconv as the dense MLPs' are."""
+        partial sum is reduce-scattered with the MLP's sconv as the dense MLPs' are.
+        dp_size > 1 (= ep_size, on the same ranks): each rank runs its own requests' tokens (every rank the
+        same number T, padded by the runner); a MoE layer gathers all ranks' rows, computes this rank's
+        experts' share for all of them, and reduce-scatters the sums back to their ranks (`dp_moe`)."""
         super().__init__()
         self.c, self.impls, self.moe_tiles, self.ep_size = config, impls, moe_tiles, ep_size
+        self.dp_size = dp_size
         self.tp = TensorParallel(config, tp_size)
         self.layout = CacheLayout.of(config)
         t = config.text
@@ -219,6 +224,27 @@ class StepProgram(nn.Module):
         t = self.c.text
         if t.is_dense(layer):
             return self.dense_mlp(w, f"{p}.", m)
+        if self.dp_size > 1:
+            return self.dp_moe(w, p, m, load, row_valid)
+        return self.moe(w, p, m, load, row_valid)
+
+    def dp_moe(self, w, p, m, load, row_valid):
+        """The MoE of data-parallel replicas: rank r's T rows meet the other ranks' in one all-gather (their
+        validity as one more channel: a replica's padding rows count no load), every rank computes its
+        experts' share and its slice of the shared experts for all N*T rows (the router is replicated, so
+        each row routes alike everywhere), and a reduce-scatter gives rank r the sums of its own rows, float32
+        in rank order. The collectives split columns, so rows travel transposed: [C, T] per rank."""
+        n, impl = self.dp_size, self.impls["collectives"]
+        T = m.shape[0]
+        own = torch.cat([m, row_valid.to(m.dtype)[:, None]], 1).T.contiguous()  # [H + 1, T]
+        rows = torch.ops.inkling.all_gather(own, n, impl).T  # [N*T, H + 1], rank r's rows at r*T..
+        y = self.moe(w, p, rows[:, :-1].contiguous(), load, rows[:, -1] > 0, summed=False)
+        return torch.ops.inkling.reduce_scatter(y.T.contiguous(), n, impl).T.reshape(T, -1)
+
+    def moe(self, w, p, m, load, row_valid, summed: bool = True):
+        """The sigmoid-routed MoE of rows m; under expert parallelism alone (summed) the ranks' parts added
+        here, otherwise this rank's part (a partial sum its caller adds)."""
+        t = self.c.text
         e = f"{p}.mlp.experts"
         sh = f"{p}.mlp.shared_experts"
         y = torch.ops.inkling.sigmoid_sink_moe(
@@ -228,7 +254,7 @@ class StepProgram(nn.Module):
             w[f"{sh}.shared_w13_weight"], w[f"{sh}.shared_w2_weight"], t.route_scale, t.num_experts_per_tok,
             self.moe_tiles, self.impls["sigmoid_sink_moe"], self.ep_size, load, row_valid,
         )  # fmt: skip
-        if self.ep_size == 1 or self.tp.tp_size > 1:  # one rank's MoE, or a partial sum summed_sconv adds
+        if not summed or self.ep_size == 1 or self.tp.tp_size > 1:  # a partial sum summed_sconv adds
             return y
         n, impl = self.ep_size, self.impls["collectives"]
         return torch.ops.inkling.all_gather(torch.ops.inkling.reduce_scatter(y, n, impl), n, impl)

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 from builder.engine import Engine
 
 from .block_manager import BlockManager
+from .data_parallel import DataParallelGroup
 from .distributed import Workers
 from .expert_load import ExpertLoad
 from .metrics import EngineStats
@@ -57,6 +58,7 @@ class LLMEngine:
         compile: bool | None = None,
         max_prefill_pairs: int | None = None,
         draft_costs: bool | None = None,
+        dp: DataParallelGroup | None = None,
     ):
         """workers: the other ranks of a tensor-parallel engine (runtime/distributed.py; LLM starts them).
         cuda_graphs: decode/verify steps and MTP head passes replay CUDA graphs per batch bucket (CUDA
@@ -69,11 +71,14 @@ class LLMEngine:
         within this (runtime/scheduler.py), bounding their inter-token latency while a long prompt fills.
         draft_costs: MTP rounds are timed and their drafts capped where more do not pay at the batch's size
         (runtime/speculative.py RoundCosts); None: on for CUDA engines. Off, a sequence's drafts follow its
-        acceptance alone, and seeded sampled requests draw the same tokens whatever the timing."""
-        self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager, compile)
+        acceptance alone, and seeded sampled requests draw the same tokens whatever the timing.
+        dp: this engine is a replica of a data-parallel engine (runtime/data_parallel.py): each `step` runs
+        the step program exactly once, a step of padding where it has nothing to run, and never overlaps."""
+        self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager, compile, dp)
         # Tensor-parallel ranks opt in (the picks reach the other ranks by a broadcast) until that path has
         # run on GPUs.
         self.overlap = self.runner.device.type == "cuda" and workers is None if overlap is None else overlap
+        self.overlap = self.overlap and dp is None
         self.build = bc = engine.build_config
         self.config = engine.model_config
         self.tokenizer = Tokenizer.from_str(engine.tokenizer_json) if engine.tokenizer_json else None
@@ -159,10 +164,12 @@ class LLMEngine:
         the GPU runs step n. A sequence that then turns out to have finished (eos, a stop string, an abort)
         wasted one token of work in step n+1, whose results for it are dropped; its blocks and slot go back
         at once, and any later use of them is queued behind step n+1 on the same stream."""
-        start = time.perf_counter()
+        start, steps = time.perf_counter(), self.runner.dp_steps
         try:
             return self._step()
         finally:
+            if self.runner.dp is not None and self.runner.dp_steps == steps:
+                self.runner.idle_step()  # nothing ran (or it failed first): the other replicas' step waits
             self.stats.step_seconds += time.perf_counter() - start
 
     def _step(self) -> list[StreamDelta]:

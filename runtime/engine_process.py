@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from .data_parallel import IDLE_POLL_S
 from .distributed import PROJECT_ROOT, python_executable
 from .engine import PromptInput, StreamDelta
 from .params import SamplingParams
@@ -62,15 +63,21 @@ class EngineProcess:
         overlap: bool | None = None,
         num_threads: int = 0,
         on_exit: Callable[[str], Any] | None = None,
+        dp: tuple[int, str] | None = None,
+        wait: bool = True,
     ):
         """Start the child and wait until its engine is loaded (a load error is raised here, with the
         child's traceback). num_threads: the child's torch threads (0: torch's default). on_exit(reason):
         called on the reader thread if the child exits without being told to (after the requests in
-        flight got their error deltas), e.g. to start another."""
+        flight got their error deltas), e.g. to start another. dp: (rank, store address) of a data-parallel
+        replica (runtime/data_parallel.py). wait False: return at once; `wait_ready` waits (the replicas of
+        a data-parallel engine load together, each waiting for the others to join)."""
         ours, theirs = socket.socketpair()
         args = ["--engine_dir", os.path.abspath(engine_dir), "--fd", str(theirs.fileno())]
         args += ["--num_blocks", str(num_blocks or 0), "--seed", str(seed), "--num_threads", str(num_threads)]
         args += ["--cuda_graphs", SWITCH[cuda_graphs], "--overlap", SWITCH[overlap]]
+        if dp is not None:
+            args += ["--dp_rank", str(dp[0]), "--dp_store", dp[1]]
         path = os.pathsep.join(filter(None, [PROJECT_ROOT, os.environ.get("PYTHONPATH")]))
         with theirs:
             self.proc = subprocess.Popen(
@@ -78,6 +85,7 @@ class EngineProcess:
                 pass_fds=[theirs.fileno()],
                 env={**os.environ, "PYTHONPATH": path},
             )
+        self.engine_dir = engine_dir
         self._conn = Connection(ours.detach())
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # the callbacks, the statistics, `_dead`
@@ -85,18 +93,28 @@ class EngineProcess:
         self._dead: str | None = None  # why the child is gone
         self._stopping = False
         self._on_exit = on_exit
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait until the child has loaded its engine; raise its load error."""
         try:
             kind, *info = self._recv()
         except EOFError:
             kind, info = "failed", [f"it exited with code {self.proc.wait()} before loading the engine"]
         if kind != "ready":
-            self.proc.kill()
-            self.proc.wait()
+            self.kill()
             self._conn.close()
-            raise RuntimeError(f"the engine process could not load {engine_dir}: {info[0]}")
+            raise RuntimeError(f"the engine process could not load {self.engine_dir}: {info[0]}")
         self._stats: dict = info[0]
         self._reader = threading.Thread(target=self._read, name="inkling-engine-reader", daemon=True)
         self._reader.start()
+
+    def kill(self) -> None:
+        """End the child at once (its requests in flight get error deltas from the reader)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
     # Requests.
     def submit(
@@ -130,13 +148,19 @@ class EngineProcess:
         with self._lock:
             return dict(self._stats)
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the child (its requests are aborted) and wait for it; kill it after `timeout` seconds."""
+    def request_stop(self) -> None:
+        """Tell the child to stop (its requests are aborted), without waiting (`shutdown` waits)."""
+        if self._stopping:
+            return
         self._stopping = True
         try:
             self._send(("stop",))
         except OSError:
             pass
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the child (its requests are aborted) and wait for it; kill it after `timeout` seconds."""
+        self.request_stop()
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -202,6 +226,18 @@ class EngineProcess:
                 traceback.print_exc()
 
 
+def start_engine(engine_dir: str | os.PathLike, **kw: Any) -> Any:
+    """The engine a server talks to: one EngineProcess, or for an engine built with dp_size > 1 a
+    DataParallelEngine (its replicas and their router, with the same interface)."""
+    from builder.engine import read_engine_config
+
+    from .data_parallel import DataParallelEngine
+
+    if read_engine_config(os.fspath(engine_dir)).get("mapping", {}).get("dp_size", 1) > 1:
+        return DataParallelEngine(engine_dir, **kw)
+    return EngineProcess(engine_dir, **kw)
+
+
 # The child.
 def serve(conn: Connection, llm_args: dict) -> None:
     """Load the engine, say "ready", then step it, reading the parent's messages between steps, until
@@ -219,19 +255,31 @@ def serve(conn: Connection, llm_args: dict) -> None:
         conn.send_bytes(pickle.dumps((kind, deltas, engine.cache_stats()), protocol=pickle.HIGHEST_PROTOCOL))
 
     conn.send_bytes(pickle.dumps(("ready", engine.cache_stats())))
+    # A data-parallel replica steps while any replica has work (its step programs meet the others' in the
+    # MoE) and stops when any is told to (runtime/data_parallel.py).
+    dp = llm.dp
+    world_busy = stopping = False
     try:
         while True:
             out: list[StreamDelta] = []
-            busy = engine.has_unfinished()
-            # Idle: sleep until the parent writes. Busy: take what has come, without waiting.
-            while conn.poll(0 if busy else None):
+            busy = engine.has_unfinished() or world_busy
+            # Idle: sleep until the parent writes (a replica: a short while, then agree again). Busy: take what
+            # has come, without waiting.
+            wait = 0 if busy else (None if dp is None else IDLE_POLL_S)
+            while not stopping and conn.poll(wait):
                 message = pickle.loads(conn.recv_bytes())
                 if message[0] == "stop":
-                    send("stopped", out + engine.abort_all())
-                    return
+                    stopping = True
+                    break
                 out += _handle(engine, message)
-                busy = True
-            if engine.has_unfinished():
+                wait = 0
+            if dp is not None:
+                world_busy, stop_all = dp.agree(int(engine.has_unfinished()), int(stopping))
+                stopping = bool(stop_all)
+            if stopping:
+                send("stopped", out + engine.abort_all())
+                return
+            if engine.has_unfinished() or world_busy:
                 try:
                     out += engine.step()
                 except Exception as e:  # the engine's own fault, not one request's: end what runs, go on
@@ -264,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num_threads", type=int, default=0)
     p.add_argument("--cuda_graphs", choices=list(SWITCH.values()), default="auto")
     p.add_argument("--overlap", choices=list(SWITCH.values()), default="auto")
+    p.add_argument("--dp_rank", type=int, default=None, help="a data-parallel replica's rank")
+    p.add_argument("--dp_store", default=None, help="the replicas' rendezvous store, HOST:PORT")
     args = p.parse_args(argv)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -274,6 +324,7 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         cuda_graphs=switch[args.cuda_graphs],
         overlap=switch[args.overlap],
+        dp=None if args.dp_rank is None else (args.dp_rank, args.dp_store),
     )
     serve(Connection(args.fd), llm_args)
 

@@ -27,6 +27,7 @@ from builder.engine import Engine, read_engine_config, world_size_of
 from inkling.published.chat import ChatRenderer
 from inkling.published.processing import PreprocessorSettings, Processor, Prompt
 
+from .data_parallel import join_replicas
 from .distributed import Workers
 from .engine import LLMEngine, PromptInput, StreamDelta
 from .params import SamplingParams
@@ -60,17 +61,22 @@ class LLM:
         pad_eager: bool = False,
         overlap: bool | None = None,
         max_prefill_pairs: int | None = None,
+        dp: tuple[int, str] | None = None,
     ):
         """engine: a directory, or an Engine in memory (one rank only). A tensor-parallel engine (tp_size N)
         is loaded here as rank 0, and its other N-1 ranks are started as worker processes (stop them with
-        `shutdown()`; they also stop when this process exits). cuda_graphs: replay decode/verify steps and
+        `shutdown()`; they also stop when this process exits). A data-parallel engine (dp_size N) runs as N
+        replica processes behind a router (runtime/data_parallel.py); this process holds none of it.
+        cuda_graphs: replay decode/verify steps and
         MTP drafting from CUDA graphs per (batch, tokens) bucket, on every rank (a CUDA engine). None (the
         default): on for a one-rank CUDA engine with the Triton plugins, off otherwise
         (runtime.model_runner.default_cuda_graphs). pad_eager (tests): the same buckets and padding, run eagerly (runtime/step_graphs.py).
         overlap: launch each decode step before the host has read the previous one's tokens
         (LLMEngine.step); None: on for a one-rank CUDA engine. max_prefill_pairs: a prefill chunk beside
-        decoding sequences keeps tokens x (context + tokens) within it (runtime/scheduler.py)."""
-        self.workers = None
+        decoding sequences keeps tokens x (context + tokens) within it (runtime/scheduler.py).
+        dp: (rank, store address): this process is that replica of a data-parallel engine (started by
+        DataParallelEngine through runtime.engine_process)."""
+        self.workers = self.dp = None
         if isinstance(engine, Engine):
             if engine.world_size > 1:
                 raise ValueError(
@@ -80,18 +86,25 @@ class LLM:
         else:
             config = read_engine_config(os.fspath(engine))
             world_size = world_size_of(config)
-            if world_size > 1:
+            if dp is None and config.get("mapping", {}).get("dp_size", 1) > 1:
+                self._front(os.fspath(engine), config, num_blocks, seed, cuda_graphs, overlap)
+                return
+            rank = 0
+            if dp is not None:
+                rank, store = dp
+                self.dp = join_replicas(store, rank, world_size, config)
+            elif world_size > 1:
                 graphs = "cuda" if cuda_graphs else ("pad_eager" if pad_eager else "off")
                 self.workers = Workers(os.fspath(engine), config, num_blocks, graphs)
                 weakref.finalize(self, self.workers.shutdown)
             try:
-                engine = Engine.from_dir(engine, world_size=world_size)
+                engine = Engine.from_dir(engine, rank=rank, world_size=world_size)
             except BaseException:
                 self.shutdown()
                 raise
         self.engine = LLMEngine(
             engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs, pad_eager=pad_eager,
-            overlap=overlap, max_prefill_pairs=max_prefill_pairs,
+            overlap=overlap, max_prefill_pairs=max_prefill_pairs, dp=self.dp,
         )  # fmt: skip
         self.processor = self.chat_renderer = None
         if self.engine.tokenizer:
@@ -100,11 +113,42 @@ class LLM:
             self.chat_renderer = ChatRenderer(self.engine.tokenizer)
         self._ids = itertools.count()
 
+    def _front(self, engine_dir: str, config: dict, num_blocks, seed, cuda_graphs, overlap) -> None:
+        """A data-parallel engine's front: its replicas behind their router (runtime/data_parallel.py) as
+        `self.engine`, and this process's tokenizer and processor for the prompts."""
+        from tokenizers import Tokenizer
+
+        from builder.engine import model_config_of
+
+        from .data_parallel import DataParallelEngine
+
+        self.engine = DataParallelEngine(engine_dir, num_blocks, seed, cuda_graphs, overlap)
+        weakref.finalize(self, self.engine.shutdown)
+        self.engine.config = model_config_of(config)
+        path = os.path.join(engine_dir, "tokenizer.json")
+        self.engine.tokenizer = Tokenizer.from_file(path) if os.path.exists(path) else None
+        self.processor = self.chat_renderer = None
+        if self.engine.tokenizer:
+            settings = PreprocessorSettings.from_dict(config.get("preprocessor", {}))
+            self.processor = Processor(self.engine.config, self.engine.tokenizer, settings)
+            self.chat_renderer = ChatRenderer(self.engine.tokenizer)
+        self._ids = itertools.count()
+
     def shutdown(self) -> None:
-        """Stop the worker processes of a tensor-parallel engine (nothing to do for one rank)."""
-        if self.workers is not None:
+        """Stop the worker processes of a tensor-parallel engine, or the replicas of a data-parallel one
+        (nothing to do for one rank)."""
+        from .data_parallel import DataParallelEngine
+
+        if isinstance(getattr(self, "engine", None), DataParallelEngine):
+            self.engine.shutdown()
+        elif self.workers is not None:
             self.engine.runner.drop_graphs()
             self.workers.shutdown()
+        elif self.dp is not None:
+            if hasattr(self, "engine"):
+                self.engine.runner.drop_graphs()
+            self.dp.leave()
+            self.dp = None
 
     # Prompts.
     def prepare(self, prompt: PromptLike) -> PromptInput:
@@ -133,6 +177,11 @@ class LLM:
         ids = prompt.input_ids  # inkling.published.processing.Prompt
         if not prompt.pixel_values and not prompt.audio_levels:
             return PromptInput(ids)
+        if not hasattr(self.engine, "runner"):
+            raise ValueError(
+                "images and audio through LLM on a data-parallel engine are not supported yet (its towers live "
+                "in the replicas): serve it with Triton, whose encoders embed the media, or send text"
+            )
         rows = self.engine.runner.encode_media(prompt.pixel_values, prompt.audio_levels)
         positions = torch.cat(
             [(ids == c.image_token_id).nonzero().flatten(), (ids == c.audio_token_id).nonzero().flatten()]
@@ -163,6 +212,8 @@ class LLM:
             merged: dict[str, StreamDelta | None] = dict.fromkeys(ids)
             while any(merged[rid] is None or merged[rid].finish_reason is None for rid in ids):
                 for d in self.engine.step():
+                    if d.finish_reason == "rejected":  # refused where it was routed (a data-parallel replica)
+                        raise ValueError(d.error)
                     if d.request_id in merged:
                         so_far = merged[d.request_id]
                         merged[d.request_id] = d if so_far is None else so_far.merge(d)

@@ -25,6 +25,7 @@ from builder.network import depth_weights
 from builder.tensor_parallel import DRAFT_UNEMBED
 
 from .block_manager import FREED, fit_pools, kind_pools, pool_peaks
+from .data_parallel import DataParallelGroup, pad_step
 from .device_state import MAX_SNAPSHOTS, DeviceState, layout_k1, layout_rows
 from .device_tables import DeviceTables
 from .distributed import Workers
@@ -102,12 +103,15 @@ class ModelRunner:
         cuda_graphs: bool | None = None,
         pad_eager: bool = False,
         compile: bool | None = None,
+        dp: DataParallelGroup | None = None,
     ):
         """workers: on rank 0 of a tensor-parallel engine, the other ranks (they mirror its calls).
+        dp: a replica of a data-parallel engine (runtime/data_parallel.py): its steps are padded to the
+        replicas' common token count and run eager.
         cuda_graphs: replay decode/verify steps and MTP head passes from CUDA graphs per (batch, tokens)
         bucket (runtime/step_graphs.py); None: default_cuda_graphs decides. pad_eager (tests): pad them to
         the buckets but run eager. compile: torch.compile the programs (None: as the engine was built)."""
-        if engine.world_size > 1 and engine.rank == 0 and workers is None:
+        if engine.world_size > 1 and engine.rank == 0 and workers is None and dp is None:
             raise ValueError(
                 f"this engine runs on {engine.world_size} ranks: run it with LLM(engine_dir), "
                 "which starts its ranks"
@@ -119,6 +123,7 @@ class ModelRunner:
         self.device = torch.device(device or engine.device)
         self.dtype = getattr(torch, engine.config["dtype"])
         self.workers = workers
+        self.dp, self.dp_steps = dp, 0  # dp_steps: step programs run in lockstep with the other replicas
         self.block_size = bc.tokens_per_block
         self.K1 = c.sconv_kernel_size - 1
         self.state_rows = self.K1 + bc.max_draft_len
@@ -202,7 +207,7 @@ class ModelRunner:
         # tensor-parallel one take rank 0's host tables with each step.
         self.tables = (
             DeviceTables(self.num_groups, bc.max_batch_size, bc.max_blocks_per_seq, self.device)
-            if engine.world_size == 1
+            if engine.world_size == 1 or dp is not None
             else None
         )
         self.drafter = Drafter(heads, c, bc, engine.config, self.tables)
@@ -227,6 +232,11 @@ class ModelRunner:
         impls = self.engine.config["plugin_config"]["impls"]
         if cuda_graphs is None:
             cuda_graphs = not pad_eager and default_cuda_graphs(self.device, impls, self.engine.world_size)
+        if self.dp is not None and (cuda_graphs or pad_eager):
+            raise ValueError(
+                "CUDA graphs (and pad_eager) for data-parallel replicas are not built yet: their steps pad to "
+                "the replicas' common token count and run eager"
+            )
         if not (cuda_graphs or pad_eager):
             return
         if cuda_graphs:
@@ -343,6 +353,8 @@ class ModelRunner:
         # Decode/verify steps (each sequence feeds one token and its drafts) replay a graph, on every rank
         # alike: the bucket depends on shapes only, so the ranks' collectives meet with the same shapes.
         graphed = all(s.num_tokens == 1 + s.num_drafts for s in batch)
+        if self.dp is not None:
+            inputs = self._dp_pad(inputs)
         if self.workers is not None:
             self._mirror_step(inputs, graphed, broadcast_ids=input_ids is not None)
         logits, hidden = self.execute(inputs, graphed)
@@ -350,6 +362,19 @@ class ModelRunner:
         for s in batch:
             rows.append(rows[-1] + 1 + s.num_drafts)
         return logits, rows, hidden
+
+    def _dp_pad(self, inputs: StepInputs) -> StepInputs:
+        """A data-parallel replica's step inputs padded to the replicas' largest token count (agreed here:
+        every replica calls this once a step, `run` or `idle_step`)."""
+        (num_tokens,) = self.dp.agree(inputs.input_ids.shape[0])
+        self.dp_steps += 1
+        return pad_step(inputs, num_tokens)
+
+    @torch.no_grad()
+    def idle_step(self) -> None:
+        """A data-parallel replica without work this step: a step of padding alone (one inert token, padded
+        to the replicas' count), so that the others' MoE collectives meet it."""
+        self.execute(self._dp_pad(self._idle_inputs()))
 
     def _mirror_step(self, inputs: StepInputs, graphed: bool, broadcast_ids: bool) -> None:
         """Rank 0 of a tensor-parallel engine: have every other rank run this step. Nothing here waits

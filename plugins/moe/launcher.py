@@ -70,6 +70,23 @@ def _fit_k(block_k: int, K: int) -> int:
     return block_k
 
 
+SMEM_BYTES = 227 * 1024  # an H100's or H200's shared memory per block
+
+
+def _fit_stages(
+    stages: int, block_m: int, block_n: int, block_k: int, a_bytes: int, nvfp4: bool, gated: bool
+) -> int:
+    """The tensor-core GEMM's pipeline stages, fewer (down to 2) where a stage's operands would not fit the
+    shared memory: the tiles are chosen for bf16 activations, and float32 ones (a float32 engine) double
+    the A tile. On an H200 the bf16 shared experts' GEMM at T = 1 on the GEMV's tiles (16 x 32 x 512,
+    3 stages) asked for 288 KB with float32 activations."""
+    w_bytes = block_n * block_k * (2 if gated else 1) * (1 if nvfp4 else 2)  # NVFP4: codes and scales, <= 1 B
+    per_stage = block_m * block_k * a_bytes + w_bytes
+    while stages > 2 and stages * per_stage > SMEM_BYTES:
+        stages -= 1
+    return stages
+
+
 def _gemm(
     a,
     w,
@@ -101,9 +118,12 @@ def _gemm(
         wg if nvfp4 else dummy, out, out.stride(0),
         sorted_rows, expert_ids, block_rows, route_w, num_tokens, N, K,
     )  # fmt: skip
+    stages = cfg["num_stages"]
+    if kernel == "mma":
+        stages = _fit_stages(stages, block_m, cfg["block_n"], block_k, a.element_size(), nvfp4, gated)
     tiles = dict(TOP_K=top_k, KS=KS, ROUTED=routed, NVFP4=nvfp4, GATED=gated,
                  BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
-                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
+                 num_warps=cfg["num_warps"], num_stages=stages)  # fmt: skip
     if cfg.get("maxnreg"):  # a register cap per thread, for more programs per SM (see _candidates)
         tiles["maxnreg"] = cfg["maxnreg"]
     # The grid's N tiles first (kernels._program_ids): by default for the routed "mma" GEMMs, as a config's

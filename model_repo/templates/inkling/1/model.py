@@ -45,7 +45,7 @@ from model_repo.tensors import (
     text,
 )
 from runtime import EngineLoop, PromptInput, SamplingParams, StreamDelta
-from runtime.engine_process import EngineGone, EngineProcess
+from runtime.engine_process import EngineGone, start_engine
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
@@ -112,7 +112,7 @@ class TritonPythonModel:
         self.finalizing = False
         if parameter(cfg, "engine_process", "1") == "1":
             self.new_engine = functools.partial(
-                EngineProcess, engine_dir, num_threads=num_threads, on_exit=self._engine_exited, **options
+                start_engine, engine_dir, num_threads=num_threads, on_exit=self._engine_exited, **options
             )
             self.loop = self.new_engine()
         else:
