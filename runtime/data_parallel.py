@@ -1,12 +1,12 @@
-"""Data-parallel attention replicas meeting in the expert-parallel MoE (docs/interfaces.md "Data-parallel
-attention").
+"""Data-parallel attention replicas meeting in the expert-parallel MoE: a replica's side (docs/interfaces.md
+"Data-parallel attention"; the front that starts and routes to them: runtime/data_parallel_front.py).
 
-An engine built with `--dp_size N --ep_size N` runs as N replicas, one process each (runtime/engine_process.py
-children), every one a whole engine of its own: its requests, scheduler, KV cache, sconv states, prefix cache,
-MTP depths and sampler. They share only the routed experts: replica r holds experts r*E/N.. and a 1/N slice
-of the shared experts' width, and every MoE layer of the step program gathers all replicas' rows, computes
-this rank's part for all of them and reduce-scatters the sums back (builder/network.py `dp_moe`). So the
-replicas' step programs run in lockstep:
+An engine built with `--dp_size N --ep_size N` runs as N replicas, one process each (runtime/engine_child.py),
+every one a whole engine of its own: its requests, scheduler, KV cache, sconv states, prefix cache, MTP depths
+and sampler. They share only the routed experts: replica r holds experts r*E/N.. and a 1/N slice of the shared
+experts' width, and every MoE layer of the step program gathers all replicas' rows, computes this rank's part
+for all of them and reduce-scatters the sums back (builder/network.py `dp_moe`). So the replicas' step
+programs run in lockstep:
 
 - a replica steps while any replica has work, running a step of padding alone when it has none
   (`ModelRunner.idle_step`); each `LLMEngine.step` runs the step program exactly once;
@@ -14,32 +14,18 @@ replicas' step programs run in lockstep:
   batch to it with one padding sequence (`pad_step`: no KV slot, no sconv state, no expert load);
 - the serving loop agrees every iteration on whether anyone has work or is stopping (`DataParallelGroup.agree`),
   so that the replicas stop together.
-
-In front, `DataParallelEngine` starts the replicas and routes each request to one (`Router`): the replica whose
-earlier prompts share the longest run of whole blocks with it, where its prefix cache may still hold them (a
-conversation's next turn goes where its history is), unless that replica is busier than the least loaded by
-more than `slack` requests; otherwise the least loaded. Its interface is EngineProcess's, so the Triton model
-serves it unchanged, and LLM drives it through add_request/step like an LLMEngine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
-import queue
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from builder.contracts import StepInputs
-from builder.engine import read_engine_config
 
-from .distributed import STEP_TIMEOUT, RankGroup, _free_port
+from .distributed import STEP_TIMEOUT, RankGroup
 
 IDLE_POLL_S = 0.005  # a replica with nothing to do (and nobody else busy) checks for requests this often
 
@@ -99,204 +85,3 @@ def pad_step(inputs: StepInputs, num_tokens: int) -> StepInputs:
         state_indices=cat(inputs.state_indices, -1, (1,)),
         q_bound=torch.zeros(max(inputs.q_bound.shape[0], pad), dtype=inputs.q_bound.dtype),
     )
-
-
-class Router:
-    """Picks each request's replica (module docstring): prefix affinity by whole blocks, within `slack`
-    requests of the least loaded replica, else the least loaded (the lowest rank among equals). Each replica
-    remembers the block prefixes of the last `capacity` blocks routed to it."""
-
-    def __init__(self, num_replicas: int, block_size: int, slack: int = 4, capacity: int = 1 << 16):
-        self.block_size, self.slack, self.capacity = block_size, slack, capacity
-        self.load = [0] * num_replicas  # requests in flight
-        self.seen: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_replicas)]
-
-    def prefix_keys(self, ids: list[int]) -> list[int]:
-        """One key per whole block of `ids`: a hash of the prompt up to that block's end."""
-        keys, h, bs = [], 0, self.block_size
-        for end in range(bs, len(ids) + 1, bs):
-            h = hash((h, tuple(ids[end - bs : end])))
-            keys.append(h)
-        return keys
-
-    def matched(self, replica: int, keys: list[int]) -> int:
-        """Whole blocks of the prompt the replica has seen, from the start."""
-        n = 0
-        for k in keys:
-            if k not in self.seen[replica]:
-                break
-            n += 1
-        return n
-
-    def pick(self, ids: list[int]) -> int:
-        """The replica for a prompt of token ids `ids`; it counts as one more request in flight there."""
-        keys = self.prefix_keys(ids)
-        least = min(range(len(self.load)), key=lambda r: (self.load[r], r))
-        depth, best = max((self.matched(r, keys), -r) for r in range(len(self.load)))
-        best = -best
-        r = best if depth and self.load[best] <= self.load[least] + self.slack else least
-        seen = self.seen[r]
-        for k in keys:
-            seen[k] = None
-            seen.move_to_end(k)
-        while len(seen) > self.capacity:
-            seen.popitem(last=False)
-        self.load[r] += 1
-        return r
-
-    def done(self, replica: int) -> None:
-        self.load[replica] -= 1
-
-
-def merge_stats(stats: list[dict]) -> dict:
-    """The replicas' cache statistics as one engine's: counters summed; the expert load (`moe_*`) from the
-    replica whose read is the latest (every replica counts every replica's rows: each computes the router
-    for all of them), i.e. the one with the most routed choices."""
-    out: dict[str, Any] = {}
-    for s in stats:
-        for k, v in s.items():
-            if not k.startswith("moe_") and isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[k] = out.get(k, 0) + v
-    latest = max(stats, key=lambda s: s.get("moe_routed_choices", 0), default={})
-    out.update({k: v for k, v in latest.items() if k.startswith("moe_")})
-    out["dp_size"] = len(stats)
-    out["dp_running"] = [s.get("running", 0) for s in stats]
-    return out
-
-
-class DataParallelEngine:
-    """The front of a data-parallel engine: its replicas (engine processes that join one another as the
-    engine's ranks) and the router. EngineProcess's interface (submit, abort, cache_stats, shutdown) for
-    servers; add_request, step, abort_request and has_unfinished for LLM."""
-
-    def __init__(
-        self,
-        engine_dir: str | os.PathLike,
-        num_blocks: int | None = None,
-        seed: int = 0,
-        cuda_graphs: bool | None = None,
-        overlap: bool | None = None,
-        num_threads: int = 0,
-        on_exit: Callable[[str], Any] | None = None,
-    ):
-        """Start the replicas (each loads its rank of the engine; a load error is raised here) and wait for
-        them all. seed: replica r samples unseeded requests from seed + r. on_exit(reason): called once if a
-        replica exits without being told to; the others are stopped then (their steps would wait for it)."""
-        from .engine_process import EngineProcess
-
-        engine_dir = os.fspath(engine_dir)
-        config = read_engine_config(engine_dir)
-        n = config["mapping"]["dp_size"]
-        port = _free_port()
-        self._store = dist.TCPStore(
-            "127.0.0.1", port, n + 1, is_master=True, timeout=STEP_TIMEOUT, wait_for_workers=False
-        )
-        if not num_threads and config["device"] == "cpu":  # the replicas share the host's cores
-            num_threads = max(1, (os.cpu_count() or 1) // n)
-        self._lock = threading.Lock()
-        self._where: dict[str, int] = {}  # request id -> its replica, while in flight
-        self._on_exit, self._exited = on_exit, False
-        self.replicas = []
-        try:
-            for r in range(n):
-                self.replicas.append(
-                    EngineProcess(
-                        engine_dir,
-                        num_blocks,
-                        seed + r,
-                        cuda_graphs,
-                        overlap,
-                        num_threads,
-                        on_exit=functools.partial(self._replica_exited, r),
-                        dp=(r, f"127.0.0.1:{port}"),
-                        wait=False,
-                    )  # fmt: skip
-                )
-            for replica in self.replicas:
-                replica.wait_ready()
-        except BaseException:
-            for replica in self.replicas:
-                replica.kill()
-            raise
-        self.router = Router(n, config["build_config"]["tokens_per_block"])
-        self._deltas: queue.Queue = queue.Queue()  # LLM's side: every request's deltas
-
-    # EngineProcess's interface.
-    def submit(self, request_id: str, prompt, params, on_delta: Callable) -> None:
-        """Route a request to a replica and queue it there."""
-        with self._lock:
-            if request_id in self._where:
-                raise ValueError(f"request id {request_id!r} is already in flight")
-            r = self.router.pick(prompt.input_ids.tolist())
-            self._where[request_id] = r
-
-        def delivered(d) -> None:
-            if d.finish_reason is not None:
-                with self._lock:
-                    if self._where.pop(d.request_id, None) is not None:
-                        self.router.done(r)
-            on_delta(d)
-
-        try:
-            self.replicas[r].submit(request_id, prompt, params, delivered)
-        except BaseException:
-            with self._lock:
-                self._where.pop(request_id, None)
-                self.router.done(r)
-            raise
-
-    def abort(self, request_id: str) -> None:
-        with self._lock:
-            r = self._where.get(request_id)
-        if r is not None:
-            self.replicas[r].abort(request_id)
-
-    def cache_stats(self) -> dict:
-        return merge_stats([replica.cache_stats() for replica in self.replicas])
-
-    @property
-    def alive(self) -> bool:
-        return all(replica.alive for replica in self.replicas)
-
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop every replica (they agree to stop together, their requests aborted)."""
-        self._exited = True  # a replica's exit from here on is ours
-        for replica in self.replicas:
-            replica.request_stop()
-        for replica in self.replicas:
-            replica.shutdown(timeout)
-
-    def _replica_exited(self, rank: int, reason: str) -> None:
-        with self._lock:
-            first, self._exited = not self._exited, True
-        if not first:
-            return
-        for replica in self.replicas:  # the others would wait in their next step's collectives
-            replica.kill()
-        if self._on_exit is not None:
-            self._on_exit(f"data-parallel replica {rank}: {reason}")
-
-    # LLM's interface (an LLMEngine's, as LLM.generate uses it).
-    def add_request(self, request_id: str, prompt, params) -> None:
-        self.submit(request_id, prompt, params, self._deltas.put)
-
-    def abort_request(self, request_id: str) -> None:
-        """Abort; its final delta comes with a later `step`."""
-        self.abort(request_id)
-
-    def has_unfinished(self) -> bool:
-        with self._lock:
-            return bool(self._where)
-
-    def step(self, timeout: float = 1.0) -> list:
-        """The deltas that have come from the replicas: waits up to `timeout` seconds for the first."""
-        out = []
-        try:
-            out.append(self._deltas.get(timeout=timeout))
-            while True:
-                out.append(self._deltas.get_nowait())
-        except queue.Empty:
-            pass
-        if not out and not self.alive:
-            raise RuntimeError("a data-parallel replica has exited")
-        return out

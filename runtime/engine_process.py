@@ -3,7 +3,7 @@
 EngineLoop steps the engine on a thread of its caller's process, so whatever else that process does in
 Python (a Triton stub building and sending a response per token) waits for the same GIL as the engine's
 scheduling, sampling and detokenizing. EngineProcess runs the LLMEngine in a child process instead,
-`python -m runtime.engine_process`, and talks to it over a socket pair:
+`python -m runtime.engine_child` (runtime/engine_child.py), and talks to it over a socket pair:
 
     parent (the server)                      child (the engine)
     submit, abort, shutdown      ───────►    read between steps: add_request, abort_request
@@ -21,22 +21,16 @@ and `on_exit` is called (the Triton model starts another EngineProcess there).
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
 import pickle
 import socket
 import subprocess
-import sys
 import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-import torch
-
-from .data_parallel import IDLE_POLL_S
 from .distributed import PROJECT_ROOT, python_executable
 from .engine import PromptInput, StreamDelta
 from .params import SamplingParams
@@ -81,7 +75,7 @@ class EngineProcess:
         path = os.pathsep.join(filter(None, [PROJECT_ROOT, os.environ.get("PYTHONPATH")]))
         with theirs:
             self.proc = subprocess.Popen(
-                [python_executable(), "-m", "runtime.engine_process", *args],
+                [python_executable(), "-m", "runtime.engine_child", *args],
                 pass_fds=[theirs.fileno()],
                 env={**os.environ, "PYTHONPATH": path},
             )
@@ -224,110 +218,3 @@ class EngineProcess:
                 cb(d)
             except Exception:  # a broken callback must not stop the reader
                 traceback.print_exc()
-
-
-def start_engine(engine_dir: str | os.PathLike, **kw: Any) -> Any:
-    """The engine a server talks to: one EngineProcess, or for an engine built with dp_size > 1 a
-    DataParallelEngine (its replicas and their router, with the same interface)."""
-    from builder.engine import read_engine_config
-
-    from .data_parallel import DataParallelEngine
-
-    if read_engine_config(os.fspath(engine_dir)).get("mapping", {}).get("dp_size", 1) > 1:
-        return DataParallelEngine(engine_dir, **kw)
-    return EngineProcess(engine_dir, **kw)
-
-
-# The child.
-def serve(conn: Connection, llm_args: dict) -> None:
-    """Load the engine, say "ready", then step it, reading the parent's messages between steps, until
-    "stop" or the parent is gone."""
-    from .llm import LLM  # the child alone loads the engine
-
-    try:
-        llm = LLM(**llm_args)
-    except BaseException as e:
-        conn.send_bytes(pickle.dumps(("failed", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")))
-        raise
-    engine = llm.engine
-
-    def send(kind: str, deltas: list[StreamDelta]) -> None:
-        conn.send_bytes(pickle.dumps((kind, deltas, engine.cache_stats()), protocol=pickle.HIGHEST_PROTOCOL))
-
-    conn.send_bytes(pickle.dumps(("ready", engine.cache_stats())))
-    # A data-parallel replica steps while any replica has work (its step programs meet the others' in the
-    # MoE) and stops when any is told to (runtime/data_parallel.py).
-    dp = llm.dp
-    world_busy = stopping = False
-    try:
-        while True:
-            out: list[StreamDelta] = []
-            busy = engine.has_unfinished() or world_busy
-            # Idle: sleep until the parent writes (a replica: a short while, then agree again). Busy: take what
-            # has come, without waiting.
-            wait = 0 if busy else (None if dp is None else IDLE_POLL_S)
-            while not stopping and conn.poll(wait):
-                message = pickle.loads(conn.recv_bytes())
-                if message[0] == "stop":
-                    stopping = True
-                    break
-                out += _handle(engine, message)
-                wait = 0
-            if dp is not None:
-                world_busy, stop_all = dp.agree(int(engine.has_unfinished()), int(stopping))
-                stopping = bool(stop_all)
-            if stopping:
-                send("stopped", out + engine.abort_all())
-                return
-            if engine.has_unfinished() or world_busy:
-                try:
-                    out += engine.step()
-                except Exception as e:  # the engine's own fault, not one request's: end what runs, go on
-                    traceback.print_exc()
-                    out += [
-                        dataclasses.replace(d, finish_reason="error", error=f"engine failure: {e}")
-                        for d in engine.abort_all()
-                    ]
-            if out:
-                send("step", out)
-    except (EOFError, OSError):
-        pass  # the parent is gone
-    finally:
-        llm.shutdown()
-
-
-def _handle(engine, message: tuple) -> list[StreamDelta]:
-    """An "add" or "abort" from the parent: the deltas it ends with at once (a rejection, an abort)."""
-    kind, rid, *rest = message
-    delta = engine.abort_request(rid) if kind == "abort" else engine.try_add_request(rid, *rest)
-    return [] if delta is None else [delta]
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m runtime.engine_process", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine_dir", required=True)
-    p.add_argument("--fd", type=int, required=True, help="this end of the parent's socket pair")
-    p.add_argument("--num_blocks", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num_threads", type=int, default=0)
-    p.add_argument("--cuda_graphs", choices=list(SWITCH.values()), default="auto")
-    p.add_argument("--overlap", choices=list(SWITCH.values()), default="auto")
-    p.add_argument("--dp_rank", type=int, default=None, help="a data-parallel replica's rank")
-    p.add_argument("--dp_store", default=None, help="the replicas' rendezvous store, HOST:PORT")
-    args = p.parse_args(argv)
-    if args.num_threads:
-        torch.set_num_threads(args.num_threads)
-    switch = {v: k for k, v in SWITCH.items()}
-    llm_args = dict(
-        engine=args.engine_dir,
-        num_blocks=args.num_blocks or None,
-        seed=args.seed,
-        cuda_graphs=switch[args.cuda_graphs],
-        overlap=switch[args.overlap],
-        dp=None if args.dp_rank is None else (args.dp_rank, args.dp_store),
-    )
-    serve(Connection(args.fd), llm_args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

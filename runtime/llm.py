@@ -66,7 +66,7 @@ class LLM:
         """engine: a directory, or an Engine in memory (one rank only). A tensor-parallel engine (tp_size N)
         is loaded here as rank 0, and its other N-1 ranks are started as worker processes (stop them with
         `shutdown()`; they also stop when this process exits). A data-parallel engine (dp_size N) runs as N
-        replica processes behind a router (runtime/data_parallel.py); this process holds none of it.
+        replica processes behind a router (runtime/data_parallel_front.py); this process holds none of it.
         cuda_graphs: replay decode/verify steps and
         MTP drafting from CUDA graphs per (batch, tokens) bucket, on every rank (a CUDA engine). None (the
         default): on for a one-rank CUDA engine with the Triton plugins, off otherwise
@@ -75,7 +75,7 @@ class LLM:
         (LLMEngine.step); None: on for a one-rank CUDA engine. max_prefill_pairs: a prefill chunk beside
         decoding sequences keeps tokens x (context + tokens) within it (runtime/scheduler.py).
         dp: (rank, store address): this process is that replica of a data-parallel engine (started by
-        DataParallelEngine through runtime.engine_process)."""
+        DataParallelEngine through runtime.engine_child)."""
         self.workers = self.dp = None
         if isinstance(engine, Engine):
             if engine.world_size > 1:
@@ -114,13 +114,13 @@ class LLM:
         self._ids = itertools.count()
 
     def _front(self, engine_dir: str, config: dict, num_blocks, seed, cuda_graphs, overlap) -> None:
-        """A data-parallel engine's front: its replicas behind their router (runtime/data_parallel.py) as
+        """A data-parallel engine's front: its replicas behind their router (runtime/data_parallel_front.py) as
         `self.engine`, and this process's tokenizer and processor for the prompts."""
         from tokenizers import Tokenizer
 
         from builder.engine import model_config_of
 
-        from .data_parallel import DataParallelEngine
+        from .data_parallel_front import DataParallelEngine
 
         self.engine = DataParallelEngine(engine_dir, num_blocks, seed, cuda_graphs, overlap)
         weakref.finalize(self, self.engine.shutdown)
@@ -137,7 +137,7 @@ class LLM:
     def shutdown(self) -> None:
         """Stop the worker processes of a tensor-parallel engine, or the replicas of a data-parallel one
         (nothing to do for one rank)."""
-        from .data_parallel import DataParallelEngine
+        from .data_parallel_front import DataParallelEngine
 
         if isinstance(getattr(self, "engine", None), DataParallelEngine):
             self.engine.shutdown()

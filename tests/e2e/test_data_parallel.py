@@ -1,4 +1,4 @@
-"""Data-parallel attention with expert-parallel MoE on the CPU (runtime/data_parallel.py): two replicas as
+"""Data-parallel attention with expert-parallel MoE on the CPU (runtime/data_parallel.py, runtime/data_parallel_front.py): two replicas as
 processes over gloo, each with its own requests, caches and scheduler, meeting in every MoE layer.
 
 dp 2 x ep 2 is built from the same synthetic inkling-tiny checkpoint as test_expert_parallel's engines (NVFP4
@@ -19,7 +19,8 @@ from builder.engine import read_engine_config
 from inkling.published.config import preset
 from inkling.published.synth import write_checkpoint
 from runtime import LLM, PromptInput, SamplingParams
-from runtime.data_parallel import Router, merge_stats, pad_step
+from runtime.data_parallel import pad_step
+from runtime.data_parallel_front import Router, merge_stats
 
 from .test_expert_parallel import GREEDY, MAX_TOKENS, PROMPTS, SIZES, rank_bytes
 from .test_tp import LOGIT_ATOL

@@ -86,7 +86,8 @@ def test_each_rank_holds_its_share_of_the_experts(engine_dirs):
     whole = rank_bytes(engine_dirs[1], 0)
     for n in (2, 4):
         mapping = read_engine_config(str(engine_dirs[n]))["mapping"]
-        assert mapping == {"world_size": n, "tp_size": 1, "ep_size": n, "experts_per_rank": 16 // n}
+        want = {"world_size": n, "tp_size": 1, "ep_size": n, "dp_size": 1, "experts_per_rank": 16 // n}
+        assert mapping == want
         for r in range(n):
             got = rank_bytes(engine_dirs[n], r)
             assert got["routed"] * n == whole["routed"] and got["shared"] * n == whole["shared"]

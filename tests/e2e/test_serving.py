@@ -606,7 +606,7 @@ def test_repository_carries_the_engine_options(engine_f32, tmp_path):
 # The engine process dies: its requests end with an error, a new one serves (keep this test last: it
 # restarts the module's engine).
 def engine_processes(server) -> list[int]:
-    """The pids of `runtime.engine_process` children under this server's process tree."""
+    """The pids of `runtime.engine_child` children under this server's process tree."""
 
     def parent(pid: int) -> int:
         with open(f"/proc/{pid}/stat") as f:
@@ -618,7 +618,7 @@ def engine_processes(server) -> list[int]:
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if b"runtime.engine_process" not in f.read():
+                if b"runtime.engine_child" not in f.read():
                     continue
             pid = up = int(entry)
             while up > 1 and up != server.process.pid:

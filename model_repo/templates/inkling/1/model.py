@@ -1,7 +1,7 @@
 """inkling: the runtime's engine loop behind Triton (decoupled, in-flight batching).
 
 execute() only parses and submits. The engine steps every request in flight together, in a process of
-its own (runtime.engine_process), so that this stub's Python work never holds up a step; parameter
+its own (runtime.engine_process, its child runtime.engine_child), so that this stub's Python work never holds up a step; parameter
 `engine_process` "0" runs it on a thread of the stub instead. It hands each delta to `on_delta`, which
 queues it; one sender thread turns deltas into responses, so the engine never waits on Triton. Where
 the sender falls behind, the deltas of a request queued by then go out as one response (never a
@@ -45,7 +45,8 @@ from model_repo.tensors import (
     text,
 )
 from runtime import EngineLoop, PromptInput, SamplingParams, StreamDelta
-from runtime.engine_process import EngineGone, start_engine
+from runtime.data_parallel_front import start_engine
+from runtime.engine_process import EngineGone
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
