@@ -111,10 +111,12 @@ class DataParallelEngine:
         overlap: bool | None = None,
         num_threads: int = 0,
         on_exit: Callable[[str], Any] | None = None,
+        pad_eager: bool = False,
     ):
         """Start the replicas (each loads its rank of the engine; a load error is raised here) and wait for
         them all. seed: replica r samples unseeded requests from seed + r. on_exit(reason): called once if a
-        replica exits without being told to; the others are stopped then (their steps would wait for it)."""
+        replica exits without being told to; the others are stopped then (their steps would wait for it).
+        pad_eager (tests): the replicas' step graphs' buckets and padding, run eager."""
         engine_dir = os.fspath(engine_dir)
         config = read_engine_config(engine_dir)
         n = config["mapping"]["dp_size"]
@@ -141,6 +143,7 @@ class DataParallelEngine:
                         on_exit=functools.partial(self._replica_exited, r),
                         dp=(r, f"127.0.0.1:{port}"),
                         wait=False,
+                        pad_eager=pad_eager,
                     )  # fmt: skip
                 )
             for replica in self.replicas:

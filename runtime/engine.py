@@ -461,6 +461,7 @@ class LLMEngine:
             **self.stats.counters(),
             **self.acceptance.counters(),
             **self.expert_load_stats(refresh=not self.has_unfinished()),  # idle: the read costs nothing
+            **self.runner.graph_stats(),  # step and head calls graphed or eager, captures
             "preemptions": self.scheduler.num_preemptions,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),

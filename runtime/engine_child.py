@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--overlap", choices=list(SWITCH.values()), default="auto")
     p.add_argument("--dp_rank", type=int, default=None, help="a data-parallel replica's rank")
     p.add_argument("--dp_store", default=None, help="the replicas' rendezvous store, HOST:PORT")
+    p.add_argument("--pad_eager", action="store_true", help="the step graphs' buckets, run eager (tests)")
     args = p.parse_args(argv)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         cuda_graphs=switch[args.cuda_graphs],
         overlap=switch[args.overlap],
         dp=None if args.dp_rank is None else (args.dp_rank, args.dp_store),
+        pad_eager=args.pad_eager,
     )
     serve(Connection(args.fd), llm_args)
 

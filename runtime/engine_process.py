@@ -59,19 +59,23 @@ class EngineProcess:
         on_exit: Callable[[str], Any] | None = None,
         dp: tuple[int, str] | None = None,
         wait: bool = True,
+        pad_eager: bool = False,
     ):
         """Start the child and wait until its engine is loaded (a load error is raised here, with the
         child's traceback). num_threads: the child's torch threads (0: torch's default). on_exit(reason):
         called on the reader thread if the child exits without being told to (after the requests in
         flight got their error deltas), e.g. to start another. dp: (rank, store address) of a data-parallel
         replica (runtime/data_parallel.py). wait False: return at once; `wait_ready` waits (the replicas of
-        a data-parallel engine load together, each waiting for the others to join)."""
+        a data-parallel engine load together, each waiting for the others to join). pad_eager (tests):
+        LLM's."""
         ours, theirs = socket.socketpair()
         args = ["--engine_dir", os.path.abspath(engine_dir), "--fd", str(theirs.fileno())]
         args += ["--num_blocks", str(num_blocks or 0), "--seed", str(seed), "--num_threads", str(num_threads)]
         args += ["--cuda_graphs", SWITCH[cuda_graphs], "--overlap", SWITCH[overlap]]
         if dp is not None:
             args += ["--dp_rank", str(dp[0]), "--dp_store", dp[1]]
+        if pad_eager:
+            args.append("--pad_eager")
         path = os.pathsep.join(filter(None, [PROJECT_ROOT, os.environ.get("PYTHONPATH")]))
         with theirs:
             self.proc = subprocess.Popen(

@@ -87,7 +87,7 @@ class LLM:
             config = read_engine_config(os.fspath(engine))
             world_size = world_size_of(config)
             if dp is None and config.get("mapping", {}).get("dp_size", 1) > 1:
-                self._front(os.fspath(engine), config, num_blocks, seed, cuda_graphs, overlap)
+                self._front(os.fspath(engine), config, num_blocks, seed, cuda_graphs, overlap, pad_eager)
                 return
             rank = 0
             if dp is not None:
@@ -113,7 +113,9 @@ class LLM:
             self.chat_renderer = ChatRenderer(self.engine.tokenizer)
         self._ids = itertools.count()
 
-    def _front(self, engine_dir: str, config: dict, num_blocks, seed, cuda_graphs, overlap) -> None:
+    def _front(
+        self, engine_dir: str, config: dict, num_blocks, seed, cuda_graphs, overlap, pad_eager
+    ) -> None:
         """A data-parallel engine's front: its replicas behind their router (runtime/data_parallel_front.py) as
         `self.engine`, and this process's tokenizer and processor for the prompts."""
         from tokenizers import Tokenizer
@@ -122,7 +124,9 @@ class LLM:
 
         from .data_parallel_front import DataParallelEngine
 
-        self.engine = DataParallelEngine(engine_dir, num_blocks, seed, cuda_graphs, overlap)
+        self.engine = DataParallelEngine(
+            engine_dir, num_blocks, seed, cuda_graphs, overlap, pad_eager=pad_eager
+        )
         weakref.finalize(self, self.engine.shutdown)
         self.engine.config = model_config_of(config)
         path = os.path.join(engine_dir, "tokenizer.json")

@@ -232,11 +232,6 @@ class ModelRunner:
         impls = self.engine.config["plugin_config"]["impls"]
         if cuda_graphs is None:
             cuda_graphs = not pad_eager and default_cuda_graphs(self.device, impls, self.engine.world_size)
-        if self.dp is not None and (cuda_graphs or pad_eager):
-            raise ValueError(
-                "CUDA graphs (and pad_eager) for data-parallel replicas are not built yet: their steps pad to "
-                "the replicas' common token count and run eager"
-            )
         if not (cuda_graphs or pad_eager):
             return
         if cuda_graphs:
@@ -353,28 +348,40 @@ class ModelRunner:
         # Decode/verify steps (each sequence feeds one token and its drafts) replay a graph, on every rank
         # alike: the bucket depends on shapes only, so the ranks' collectives meet with the same shapes.
         graphed = all(s.num_tokens == 1 + s.num_drafts for s in batch)
-        if self.dp is not None:
-            inputs = self._dp_pad(inputs)
         if self.workers is not None:
             self._mirror_step(inputs, graphed, broadcast_ids=input_ids is not None)
-        logits, hidden = self.execute(inputs, graphed)
+        if self.dp is not None:
+            logits, hidden = self._dp_execute(inputs, graphed)
+        else:
+            logits, hidden = self.execute(inputs, graphed)
         rows = [0]
         for s in batch:
             rows.append(rows[-1] + 1 + s.num_drafts)
         return logits, rows, hidden
 
-    def _dp_pad(self, inputs: StepInputs) -> StepInputs:
-        """A data-parallel replica's step inputs padded to the replicas' largest token count (agreed here:
-        every replica calls this once a step, `run` or `idle_step`)."""
-        (num_tokens,) = self.dp.agree(inputs.input_ids.shape[0])
+    def _dp_execute(self, inputs: StepInputs, graphed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A data-parallel replica's step: the replicas agree on its token count (the largest of the counts
+        each would run: its bucket's where it has one, its own otherwise; every replica calls this once a
+        step, `run` or `idle_step`), then it replays a bucket of exactly that many tokens where one was
+        captured and holds its batch, or pads its batch to it (`pad_step`) and runs eager. Never a capture
+        here: a capture's warm-up runs would meet no other replica's."""
+        g = self.step_graphs if graphed else None
+        args = self._step_args(inputs) if g is not None else None
+        own = g.bucket(args) if g is not None else None
+        (num_tokens,) = self.dp.agree(own[1] if own else inputs.input_ids.shape[0])
         self.dp_steps += 1
-        return pad_step(inputs, num_tokens)
+        if g is not None:
+            bucket = g.bucket(args, num_tokens)
+            if bucket is not None and (None, *bucket) in g.buckets:
+                self._apply_shifts()
+                return g(args, padded_tokens=num_tokens)
+        return self.execute(pad_step(inputs, num_tokens))
 
     @torch.no_grad()
     def idle_step(self) -> None:
         """A data-parallel replica without work this step: a step of padding alone (one inert token, padded
         to the replicas' count), so that the others' MoE collectives meet it."""
-        self.execute(self._dp_pad(self._idle_inputs()))
+        self._dp_execute(self._idle_inputs(), graphed=True)
 
     def _mirror_step(self, inputs: StepInputs, graphed: bool, broadcast_ids: bool) -> None:
         """Rank 0 of a tensor-parallel engine: have every other rank run this step. Nothing here waits

@@ -122,11 +122,16 @@ def choose_bucket(
     batch: tuple[int, ...],
     tokens: tuple[int, ...],
     qs: tuple[int, ...],
+    padded_tokens: int | None = None,
 ) -> tuple[int, int, int] | None:
     """(B_g, T_g, Q_g): the smallest q bound and token bucket, then the smallest batch bucket with room for
-    the padding sequences that hold the padding tokens (Q_g each at most); None (run eager) when none fits."""
+    the padding sequences that hold the padding tokens (Q_g each at most); None (run eager) when none fits.
+    padded_tokens: T_g must be exactly this (data-parallel replicas agree on their steps' token count)."""
     Q = next((q for q in qs if q >= max_q), None)
-    T = next((t for t in tokens if t >= num_tokens), None)
+    if padded_tokens is None:
+        T = next((t for t in tokens if t >= num_tokens), None)
+    else:
+        T = padded_tokens if padded_tokens in tokens and padded_tokens >= num_tokens else None
     if Q is None or T is None:
         return None
     need = num_seqs + -(-(T - num_tokens) // Q)
@@ -403,18 +408,24 @@ class StepGraphs:
         self.stats.capture_seconds += time.perf_counter() - start
         return made
 
-    def bucket(self, args: list) -> tuple[int, int, int] | None:
+    def bucket(self, args: list, padded_tokens: int | None = None) -> tuple[int, int, int] | None:
+        """The bucket of a call (choose_bucket); None where it runs eager."""
         if not (self.use_graphs or self.pad_eager) or args[self.spec.mm_embeds].shape[0] != 1:
             return None
         num_seqs, max_q = args[self.spec.seq_lens].shape[0], args[self.spec.q_bound].shape[0]
-        return choose_bucket(num_seqs, self._num_tokens(args), max_q, self.batch, self.tokens, self.qs)
+        return choose_bucket(
+            num_seqs, self._num_tokens(args), max_q, self.batch, self.tokens, self.qs, padded_tokens
+        )
 
-    def __call__(self, args: list, variant: Hashable = None, copy: bool = True) -> tuple[torch.Tensor, ...]:
+    def __call__(
+        self, args: list, variant: Hashable = None, copy: bool = True, padded_tokens: int | None = None
+    ) -> tuple[torch.Tensor, ...]:
         """The program's outputs (a tuple) for `args`; ragged inputs may be host tensors or NumPy arrays.
         The outputs are copies of the real rows; with `copy` False, views of the bucket's own outputs,
         which the next call of the same bucket overwrites (for a caller done with them by then: the MTP
-        drafter, whose head m replays once a round and whose rows are copied or consumed within it)."""
-        bucket = self.bucket(args)
+        drafter, whose head m replays once a round and whose rows are copied or consumed within it).
+        padded_tokens: the bucket's token count, as choose_bucket takes it."""
+        bucket = self.bucket(args, padded_tokens)
         if bucket is None:
             self.stats.eager += 1
             return _as_tuple(self.program(*[on_device(a, self.device) for a in args]))

@@ -129,6 +129,22 @@ class TestDataParallelLLM:
         ]
 
 
+def test_replicas_replay_buckets_of_the_agreed_size(engine_dirs, baseline):
+    """With the step graphs' buckets (run eager here: pad_eager), a replica replays a bucket of exactly the
+    agreed token count where one holds its batch, else pads and runs eager; the tokens stay ep 1's, MTP's
+    verify steps included."""
+    llm = LLM(engine_dirs["dp2"], pad_eager=True)
+    try:
+        want = [o.token_ids for o in baseline[0]]
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == want
+        params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_draft_tokens=2)
+        assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
+        stats = llm.engine.cache_stats()
+        assert stats["step_graphed"] > 0 and stats["step_eager"] > 0  # decode steps bucketed, prefills eager
+    finally:
+        llm.shutdown()
+
+
 def test_preemption_in_each_replica(engine_dirs, baseline):
     """Pools that hold a replica's longest request and little beside it: the 40- and 60-token prompts share
     replica 1 (the router alternates), one is preempted and recomputed, and the tokens stay ep 1's."""
