@@ -11,7 +11,8 @@ programs run in lockstep:
 - a replica steps while any replica has work, running a step of padding alone when it has none
   (`ModelRunner.idle_step`); each `LLMEngine.step` runs the step program exactly once;
 - before each step the replicas agree on its token count, the largest of theirs, and each pads its own
-  batch to it with one padding sequence (`pad_step`: no KV slot, no sconv state, no expert load);
+  batch to it: a step-graph bucket's padding, or one padding sequence (`pad_step`: no KV slot, no sconv
+  state, no expert load), eager;
 - the serving loop agrees every iteration on whether anyone has work or is stopping (`DataParallelGroup.agree`),
   so that the replicas stop together.
 """

@@ -107,7 +107,7 @@ class ModelRunner:
     ):
         """workers: on rank 0 of a tensor-parallel engine, the other ranks (they mirror its calls).
         dp: a replica of a data-parallel engine (runtime/data_parallel.py): its steps are padded to the
-        replicas' common token count and run eager.
+        replicas' common token count (`_dp_execute`).
         cuda_graphs: replay decode/verify steps and MTP head passes from CUDA graphs per (batch, tokens)
         bucket (runtime/step_graphs.py); None: default_cuda_graphs decides. pad_eager (tests): pad them to
         the buckets but run eager. compile: torch.compile the programs (None: as the engine was built)."""
