@@ -18,12 +18,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from builder.engine import read_engine_config
 
 from .distributed import STEP_TIMEOUT, _free_port
+from .encoder_graphs import GraphedEncoder
 from .engine_process import EngineProcess
+from .programs import encode_media, program_on_device
 
 
 def start_engine(engine_dir: str | os.PathLike, **kw: Any) -> EngineProcess | DataParallelEngine:
@@ -153,6 +156,7 @@ class DataParallelEngine:
                 replica.kill()
             raise
         self.router = Router(n, config["build_config"]["tokens_per_block"])
+        self._engine_dir, self._config, self._towers = engine_dir, config, None
         self._deltas: queue.Queue = queue.Queue()  # LLM's side: every request's deltas
 
     # EngineProcess's interface.
@@ -209,6 +213,28 @@ class DataParallelEngine:
             replica.kill()
         if self._on_exit is not None:
             self._on_exit(f"data-parallel replica {rank}: {reason}")
+
+    @torch.no_grad()
+    def encode_media(self, pixel_values: list[torch.Tensor], levels: list[torch.Tensor]) -> torch.Tensor:
+        """A prompt's media embeddings (ModelRunner.encode_media), for LLM: the front loads the towers'
+        programs (rank 0's, their weights inside: small beside the engine) at the first media prompt, and
+        the replicas take the embeddings as any engine does."""
+        if self._towers is None:
+            config = self._config
+            device = torch.device(config["device"])
+            if device.type == "cuda":
+                device = torch.device("cuda", torch.cuda.current_device())
+            dtype = getattr(torch, config["dtype"])
+            towers = {}
+            for name in ("vision", "audio"):
+                path = os.path.join(self._engine_dir, f"rank0.{name}.pt2")
+                if os.path.exists(path):
+                    program = program_on_device(torch.export.load(path), device).module()
+                    towers[name] = GraphedEncoder(program, name, device, dtype, engine_config=config)
+            hidden = config["pretrained_config"]["text_config"]["hidden_size"]
+            self._towers = (towers.get("vision"), towers.get("audio"), device, dtype, hidden)
+        vision, audio, device, dtype, hidden = self._towers
+        return encode_media(vision, audio, pixel_values, levels, device, dtype, hidden)
 
     # LLM's interface (an LLMEngine's, as LLM.generate uses it).
     def add_request(self, request_id: str, prompt, params) -> None:

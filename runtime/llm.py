@@ -181,12 +181,9 @@ class LLM:
         ids = prompt.input_ids  # inkling.published.processing.Prompt
         if not prompt.pixel_values and not prompt.audio_levels:
             return PromptInput(ids)
-        if not hasattr(self.engine, "runner"):
-            raise ValueError(
-                "images and audio through LLM on a data-parallel engine are not supported yet (its towers live "
-                "in the replicas): serve it with Triton, whose encoders embed the media, or send text"
-            )
-        rows = self.engine.runner.encode_media(prompt.pixel_values, prompt.audio_levels)
+        # a data-parallel engine's front embeds the media itself (runtime/data_parallel_front.py)
+        encoder = self.engine.runner if hasattr(self.engine, "runner") else self.engine
+        rows = encoder.encode_media(prompt.pixel_values, prompt.audio_levels)
         positions = torch.cat(
             [(ids == c.image_token_id).nonzero().flatten(), (ids == c.audio_token_id).nonzero().flatten()]
         )

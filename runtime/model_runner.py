@@ -31,7 +31,7 @@ from .device_tables import DeviceTables
 from .distributed import Workers
 from .drafter import Drafter, Heads, HeadWork
 from .program_inputs import add_media, cu_seqlens, media_splice, slot_mapping
-from .programs import DepthPrograms, Programs
+from .programs import DepthPrograms, Programs, encode_media
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .step_graphs import (
@@ -323,12 +323,9 @@ class ModelRunner:
     @torch.no_grad()
     def encode_media(self, pixel_values: list[torch.Tensor], levels: list[torch.Tensor]) -> torch.Tensor:
         """The real Inkling's media embeddings, images' then audio clips', in prompt order: [M, H]."""
-        if (pixel_values and self.vision is None) or (levels and self.audio is None):
-            raise ValueError("this engine has no vision tower or audio embedding: send text")
-        rows = [self.vision(p.to(self.device, self.dtype)) for p in pixel_values]
-        rows += [self.audio(a.to(self.device)) for a in levels]
-        empty = torch.zeros(0, self.config.hidden_size, dtype=self.dtype, device=self.device)
-        return torch.cat(rows).to(self.dtype) if rows else empty
+        return encode_media(
+            self.vision, self.audio, pixel_values, levels, self.device, self.dtype, self.config.hidden_size
+        )
 
     def _mirror(self, method: str, *args) -> None:
         """Rank 0 of a tensor-parallel engine: have every other rank make the same call first."""

@@ -114,3 +114,21 @@ class DepthPrograms:
 
     def __call__(self, weights: dict, *args):
         return self.by_weights[id(weights)](weights, *args)
+
+
+def encode_media(
+    vision: GraphedEncoder | None,
+    audio: GraphedEncoder | None,
+    pixel_values: list[torch.Tensor],
+    levels: list[torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    hidden_size: int,
+) -> torch.Tensor:
+    """The real Inkling's media embeddings, images' then audio clips', in prompt order: [M, H]."""
+    if (pixel_values and vision is None) or (levels and audio is None):
+        raise ValueError("this engine has no vision tower or audio embedding: send text")
+    rows = [vision(p.to(device, dtype)) for p in pixel_values]
+    rows += [audio(a.to(device)) for a in levels]
+    empty = torch.zeros(0, hidden_size, dtype=dtype, device=device)
+    return torch.cat(rows).to(dtype) if rows else empty

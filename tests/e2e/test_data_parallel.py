@@ -121,6 +121,20 @@ class TestDataParallelLLM:
         dp_llm.generate([turn], GREEDY)
         assert dp_llm.engine.cache_stats()["prefix_hit_tokens"] - hits >= 32  # the prompt's two whole blocks
 
+    def test_media_prompts_embed_in_the_front(self, dp_llm, engine_dirs):
+        """An image and an audio clip through LLM: the front embeds them with the towers' programs and the
+        replica gets ep 1's tokens."""
+        from tests.unit.test_published_processing import png, wav
+
+        prompt = {
+            "text": "Look: <|content_image|><|unused_200054|> and listen: "
+            "<|content_audio_input|><|unused_200053|><|audio_end|>.",
+            "images": [png(48, 40)],
+            "audios": [wav(0.5, 16000)],
+        }
+        want = LLM(engine_dirs["ep1"]).generate(prompt, GREEDY)[0].token_ids
+        assert dp_llm.generate(prompt, GREEDY)[0].token_ids == want
+
     def test_a_refused_request_harms_nobody(self, dp_llm, baseline):
         with pytest.raises(ValueError, match="max_input_len"):
             dp_llm.generate([PROMPTS[0], PromptInput(torch.zeros(80, dtype=torch.long))], GREEDY)
