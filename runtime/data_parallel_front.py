@@ -108,18 +108,15 @@ class DataParallelEngine:
     def __init__(
         self,
         engine_dir: str | os.PathLike,
-        num_blocks: int | None = None,
         seed: int = 0,
-        cuda_graphs: bool | None = None,
-        overlap: bool | None = None,
         num_threads: int = 0,
         on_exit: Callable[[str], Any] | None = None,
-        pad_eager: bool = False,
+        **options: Any,
     ):
         """Start the replicas (each loads its rank of the engine; a load error is raised here) and wait for
         them all. seed: replica r samples unseeded requests from seed + r. on_exit(reason): called once if a
         replica exits without being told to; the others are stopped then (their steps would wait for it).
-        pad_eager (tests): the replicas' step graphs' buckets and padding, run eager."""
+        options: each replica's EngineProcess options (num_blocks, cuda_graphs, overlap, pad_eager)."""
         engine_dir = os.fspath(engine_dir)
         config = read_engine_config(engine_dir)
         n = config["mapping"]["dp_size"]
@@ -138,16 +135,13 @@ class DataParallelEngine:
                 self.replicas.append(
                     EngineProcess(
                         engine_dir,
-                        num_blocks,
-                        seed + r,
-                        cuda_graphs,
-                        overlap,
-                        num_threads,
+                        seed=seed + r,
+                        num_threads=num_threads,
                         on_exit=functools.partial(self._replica_exited, r),
                         dp=(r, f"127.0.0.1:{port}"),
                         wait=False,
-                        pad_eager=pad_eager,
-                    )  # fmt: skip
+                        **options,
+                    )
                 )
             for replica in self.replicas:
                 replica.wait_ready()
@@ -158,30 +152,47 @@ class DataParallelEngine:
         self.router = Router(n, config["build_config"]["tokens_per_block"])
         self._engine_dir, self._config, self._towers = engine_dir, config, None
         self._deltas: queue.Queue = queue.Queue()  # LLM's side: every request's deltas
+        self._pending: list[tuple] = []  # LLM's side: requests added, sent at the next step
 
     # EngineProcess's interface.
     def submit(self, request_id: str, prompt, params, on_delta: Callable) -> None:
         """Route a request to a replica and queue it there."""
+        self.submit_many([(request_id, prompt, params, on_delta)])
+
+    def submit_many(self, requests: list[tuple]) -> None:
+        """Route requests (request_id, prompt, params, on_delta) and queue each replica's share in one
+        message (EngineProcess.submit_many)."""
+        routed: dict[int, list[tuple]] = {}
         with self._lock:
-            if request_id in self._where:
-                raise ValueError(f"request id {request_id!r} is already in flight")
-            r = self.router.pick(prompt.input_ids.tolist())
-            self._where[request_id] = r
+            ids = [r[0] for r in requests]
+            for i, rid in enumerate(ids):
+                if rid in self._where or rid in ids[:i]:
+                    raise ValueError(f"request id {rid!r} is already in flight")
+            for rid, prompt, params, on_delta in requests:
+                r = self.router.pick(prompt.input_ids.tolist())
+                self._where[rid] = r
+                routed.setdefault(r, []).append((rid, prompt, params, self._delivered(r, on_delta)))
+        for r, share in routed.items():
+            try:
+                self.replicas[r].submit_many(share)
+            except BaseException:
+                with self._lock:
+                    for rid, *_ in share:
+                        self._where.pop(rid, None)
+                        self.router.done(r)
+                raise
+
+    def _delivered(self, replica: int, on_delta: Callable) -> Callable:
+        """on_delta, after a final delta releases its request's place in the router's load."""
 
         def delivered(d) -> None:
             if d.finish_reason is not None:
                 with self._lock:
                     if self._where.pop(d.request_id, None) is not None:
-                        self.router.done(r)
+                        self.router.done(replica)
             on_delta(d)
 
-        try:
-            self.replicas[r].submit(request_id, prompt, params, delivered)
-        except BaseException:
-            with self._lock:
-                self._where.pop(request_id, None)
-                self.router.done(r)
-            raise
+        return delivered
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -236,20 +247,29 @@ class DataParallelEngine:
         vision, audio, device, dtype, hidden = self._towers
         return encode_media(vision, audio, pixel_values, levels, device, dtype, hidden)
 
-    # LLM's interface (an LLMEngine's, as LLM.generate uses it).
+    # LLM's interface (an LLMEngine's, as LLM.generate uses it): requests added between two steps go out
+    # together at the next `step`, as they reach an engine in the same process together.
     def add_request(self, request_id: str, prompt, params) -> None:
-        self.submit(request_id, prompt, params, self._deltas.put)
+        with self._lock:
+            if request_id in self._where or any(p[0] == request_id for p in self._pending):
+                raise ValueError(f"request id {request_id!r} is already in flight")
+        self._pending.append((request_id, prompt, params, self._deltas.put))
 
     def abort_request(self, request_id: str) -> None:
-        """Abort; its final delta comes with a later `step`."""
+        """Abort; its final delta comes with a later `step` (one not sent yet is dropped)."""
+        self._pending = [p for p in self._pending if p[0] != request_id]
         self.abort(request_id)
 
     def has_unfinished(self) -> bool:
         with self._lock:
-            return bool(self._where)
+            return bool(self._where or self._pending)
 
     def step(self, timeout: float = 1.0) -> list:
-        """The deltas that have come from the replicas: waits up to `timeout` seconds for the first."""
+        """Send the requests added since the last step, then the deltas that have come from the replicas:
+        waits up to `timeout` seconds for the first."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self.submit_many(pending)
         out = []
         try:
             out.append(self._deltas.get(timeout=timeout))

@@ -77,8 +77,8 @@ class LLMEngine:
         self.runner = ModelRunner(engine, num_blocks, device, workers, cuda_graphs, pad_eager, compile, dp)
         # Tensor-parallel ranks opt in (the picks reach the other ranks by a broadcast) until that path has
         # run on GPUs.
-        self.overlap = self.runner.device.type == "cuda" and workers is None if overlap is None else overlap
-        self.overlap = self.overlap and dp is None
+        default = self.runner.device.type == "cuda" and workers is None
+        self.overlap = (default if overlap is None else overlap) and dp is None  # replicas never overlap
         self.build = bc = engine.build_config
         self.config = engine.model_config
         self.tokenizer = Tokenizer.from_str(engine.tokenizer_json) if engine.tokenizer_json else None

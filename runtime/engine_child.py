@@ -76,10 +76,14 @@ def serve(conn: Connection, llm_args: dict) -> None:
 
 
 def _handle(engine, message: tuple) -> list[StreamDelta]:
-    """An "add" or "abort" from the parent: the deltas it ends with at once (a rejection, an abort)."""
-    kind, rid, *rest = message
-    delta = engine.abort_request(rid) if kind == "abort" else engine.try_add_request(rid, *rest)
-    return [] if delta is None else [delta]
+    """An "add" (of one or more requests) or an "abort" from the parent: the deltas it ends with at once
+    (rejections, an abort)."""
+    kind, arg = message
+    if kind == "abort":
+        deltas = [engine.abort_request(arg)]
+    else:
+        deltas = [engine.try_add_request(rid, prompt, params) for rid, prompt, params in arg]
+    return [d for d in deltas if d is not None]
 
 
 def main(argv: list[str] | None = None) -> None:

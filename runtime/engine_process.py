@@ -119,17 +119,25 @@ class EngineProcess:
         self, request_id: str, prompt: PromptInput, params: SamplingParams, on_delta: Callback
     ) -> None:
         """Queue a request (token ids and media embeddings; text is prepared by the caller)."""
+        self.submit_many([(request_id, prompt, params, on_delta)])
+
+    def submit_many(self, requests: list[tuple[str, PromptInput, SamplingParams, Callback]]) -> None:
+        """Queue requests (request_id, prompt, params, on_delta) in one message: the child admits them
+        between the same two steps, as an engine in this process would admit requests added together."""
+        ids = [r[0] for r in requests]
         with self._lock:
             if self._dead is not None:
                 raise EngineGone(f"the engine process is gone: {self._dead}")
-            if request_id in self._callbacks:
-                raise ValueError(f"request id {request_id!r} is already in flight")
-            self._callbacks[request_id] = on_delta
+            for i, rid in enumerate(ids):
+                if rid in self._callbacks or rid in ids[:i]:
+                    raise ValueError(f"request id {rid!r} is already in flight")
+            self._callbacks.update((rid, on_delta) for rid, _, _, on_delta in requests)
         try:
-            self._send(("add", request_id, prompt, params))
+            self._send(("add", [(rid, prompt, params) for rid, prompt, params, _ in requests]))
         except BaseException as e:
             with self._lock:
-                self._callbacks.pop(request_id, None)
+                for rid in ids:
+                    self._callbacks.pop(rid, None)
             if isinstance(e, OSError):  # the child has died, and the reader has not seen it yet
                 raise EngineGone(f"the engine process is gone: {e}") from e
             raise

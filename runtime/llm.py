@@ -106,9 +106,14 @@ class LLM:
             engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs, pad_eager=pad_eager,
             overlap=overlap, max_prefill_pairs=max_prefill_pairs, dp=self.dp,
         )  # fmt: skip
+        self._init_prompts(engine.config)
+
+    def _init_prompts(self, engine_config: dict) -> None:
+        """The processor and chat renderer of `self.engine`'s tokenizer (none without one), the preprocessor
+        settings from its engine's config.json `engine_config`, and the request ids."""
         self.processor = self.chat_renderer = None
         if self.engine.tokenizer:
-            settings = PreprocessorSettings.from_dict(engine.config.get("preprocessor", {}))
+            settings = PreprocessorSettings.from_dict(engine_config.get("preprocessor", {}))
             self.processor = Processor(self.engine.config, self.engine.tokenizer, settings)
             self.chat_renderer = ChatRenderer(self.engine.tokenizer)
         self._ids = itertools.count()
@@ -125,18 +130,18 @@ class LLM:
         from .data_parallel_front import DataParallelEngine
 
         self.engine = DataParallelEngine(
-            engine_dir, num_blocks, seed, cuda_graphs, overlap, pad_eager=pad_eager
+            engine_dir,
+            seed,
+            num_blocks=num_blocks,
+            cuda_graphs=cuda_graphs,
+            overlap=overlap,
+            pad_eager=pad_eager,
         )
         weakref.finalize(self, self.engine.shutdown)
         self.engine.config = model_config_of(config)
         path = os.path.join(engine_dir, "tokenizer.json")
         self.engine.tokenizer = Tokenizer.from_file(path) if os.path.exists(path) else None
-        self.processor = self.chat_renderer = None
-        if self.engine.tokenizer:
-            settings = PreprocessorSettings.from_dict(config.get("preprocessor", {}))
-            self.processor = Processor(self.engine.config, self.engine.tokenizer, settings)
-            self.chat_renderer = ChatRenderer(self.engine.tokenizer)
-        self._ids = itertools.count()
+        self._init_prompts(config)
 
     def shutdown(self) -> None:
         """Stop the worker processes of a tensor-parallel engine, or the replicas of a data-parallel one
