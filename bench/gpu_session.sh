@@ -11,6 +11,8 @@
 #     bash bench/gpu_session.sh attention     # 1 GPU: bench.bank_attention on the real shapes, peers included
 #     bash bench/gpu_session.sh moe           # 1 GPU: the MoE launcher's GPU tests, then bench/moe.py on the real
 #                                             #   layer (tuning, bound, bf16 peer)
+#     bash bench/gpu_session.sh moe-decode    # 1 GPU: the decode kernels' GPU tests, their variants timed, the tuned op
+#                                             #   at T = 1, 8, 64 launch by launch
 #     bash bench/gpu_session.sh plugins       # 1 GPU: the CUDA engine against transformers, then the attention,
 #                                             #   sconv and sigmoid MoE kernels' GPU tests (carry [".whl"])
 #     bash bench/gpu_session.sh serving       # 1 GPU: Triton and the OpenAI API against in-process on the real
@@ -221,6 +223,15 @@ moe)
     run moe_gpu 200 "${PYTEST[@]}" -m gpu tests/kernels/test_moe.py
     run moe "${MOE_LIMIT:-380}" python3 bench/moe.py --out "$OUT/moe" ${MOE_ARGS:-}
     pack moe
+    ;;
+moe-decode)
+    # The decode kernels at the real shapes: every bd candidate of tune() (split reductions and multi-row
+    # blocks among them) against the reference, the overlap and graph tests; then the decode variants timed
+    # (bench/moe.py DECODE_VARIANTS), then the tuned op at T = 1, 8, 64 with its launches timed one by one
+    run moe_decode_gpu "${TEST_LIMIT:-240}" "${PYTEST[@]}" -m gpu tests/kernels/test_moe.py \
+        -k "decode_kernels or overlap or cuda_graph"
+    run decode_tiles "${TILES_LIMIT:-150}" python3 bench/moe.py --out "$OUT" --decode-tiles "${TILE_TOKENS:-1,4,8}"
+    run moe "${MOE_LIMIT:-180}" python3 bench/moe.py --out "$OUT" --tokens "${MOE_TOKENS:-1,8,64}" --skip-sconv
     ;;
 moe-fix)
     # The sigmoid MoE's GPU tests (every op argument passed; real-shape layers drawn in their dtype), the bf16

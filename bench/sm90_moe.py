@@ -91,9 +91,11 @@ def compile_bd(gated: bool, N: int, K: int, tile: tuple[int, ...], flags: dict):
 
     m, n, k, warps, stages = tile[:5]
     pointers, ints = _launch_signature(True, gated, N, K, num_tokens=1)
+    pointers["part_ptr"] = "*fp32"  # the split reduction's partial sums (SPLIT_K > 1)
+    ints["stride_ps"] = 8 * (2 * N if gated else N)
     constexprs = dict(
         K=K, TOP_K=TOP_K, KS=TOP_K + S, ROUTED=True, NVFP4=True, GATED=gated, BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
-        **flags,
+        **{"SPLIT_K": 1, **flags},
     )  # fmt: skip
     return compile_sm90(decode_kernels.moe_bd_kernel, pointers, ints, (), constexprs, warps, stages)
 

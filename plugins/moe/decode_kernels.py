@@ -133,12 +133,15 @@ def moe_gemv_kernel(
 
 @triton.jit
 def _bd_operand(
-    row_ptrs, block_ptrs, block_mask, in_block, a_mult, BLOCK_M: tl.constexpr, K_MAJOR: tl.constexpr
-):
+    row_ptrs, row_mask, in_block, in_block_rows, a_mult, BLOCK_M: tl.constexpr, KBP: tl.constexpr,
+    K_MAJOR: tl.constexpr,
+):  # fmt: skip
     """The block-diagonal activation operand [K, C] as fp16, rows scaled by a_mult. One activation row
-    (BLOCK_M 1): its K values at row_ptrs, loaded once and placed in their scale block's column (K_MAJOR:
-    built as [C, K] and transposed, so the loads come out K-contiguous). Several rows: loaded in place at
-    block_ptrs [K, C] under block_mask, zero outside their blocks."""
+    (BLOCK_M 1): its K values at row_ptrs [K], loaded once and placed in their scale block's column (K_MAJOR:
+    built as [C, K] and transposed, so the loads come out K-contiguous; in_block [K, C]). Several rows: each
+    row's K values loaded once at row_ptrs [BLOCK_M, K] (rows past the block's count as zeros), broadcast
+    over the scale blocks as [KBP, BLOCK_M, K] and kept where in_block_rows [KBP, K] says the column lies
+    in that block, so column c = b * BLOCK_M + m holds row m's block b."""
     if BLOCK_M == 1:
         a = (tl.load(row_ptrs).to(tl.float32) * a_mult).to(tl.float16)
         if K_MAJOR:
@@ -146,8 +149,10 @@ def _bd_operand(
         else:
             a = tl.where(in_block, a[:, None], 0.0)
     else:
-        a = tl.load(block_ptrs, mask=block_mask, other=0.0).to(tl.float32)
-        a = (a * a_mult[None, :]).to(tl.float16)
+        x = tl.load(row_ptrs, mask=row_mask[:, None], other=0.0).to(tl.float32)
+        x = (x * a_mult[:, None]).to(tl.float16)
+        a = tl.where(in_block_rows[:, None, :], x[None, :, :], 0.0)  # [KBP, BLOCK_M, K]
+        a = tl.trans(tl.reshape(a, (KBP * BLOCK_M, x.shape[1])))
     return a
 
 
@@ -184,6 +189,8 @@ def moe_bd_kernel(
     route_w_ptr,
     num_tokens,
     N,
+    part_ptr,  # SPLIT_K > 1: float32 [SPLIT_K, rows, 2N if GATED else N], each split's partial sums
+    stride_ps,
     K: tl.constexpr,
     TOP_K: tl.constexpr,
     KS: tl.constexpr,
@@ -193,6 +200,7 @@ def moe_bd_kernel(
     BLOCK_M: tl.constexpr,  # rows per block (decode: 1 to 4), a power of two up to 16
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr = 1,  # programs per output tile, each over K / SPLIT_K (splitk_epilogue_kernel sums)
     STACK_GU: tl.constexpr = False,  # GEMM 1: gate and up rows in one dot of 2 * BLOCK_N rows
     K_MAJOR_A: tl.constexpr = False,  # 1-row blocks: build the activation operand as [C, 2W], then transpose
     ONE_DOT: tl.constexpr = False,  # the four nibble pieces of a K step in one dot of K = BLOCK_K
@@ -207,8 +215,16 @@ def moe_bd_kernel(
     partial sum per scale block, which the block's scale then multiplies in float32. The codes go to the
     tensor cores as exact fp16 (E2M1 * 2^-14), decoded two per 32-bit operation; the activations as
     fp16, a row scaled by a power of two where its values would overflow fp16.
+
+    SPLIT_K > 1 splits the reduction over the grid's third axis: a program sums its K / SPLIT_K columns and
+    stores the float32 sums (global scale included) in part_ptr, and splitk_epilogue_kernel adds the splits
+    in order and applies the SwiGLU or the route weight. At batch 1 the unsplit grid is a few hundred
+    programs, about one wave and a sliver of an H200's SMs; smaller programs fill the waves.
     """
     tl.static_assert(ROUTED and NVFP4, "moe_bd_kernel: NVFP4 routed experts only")
+    tl.static_assert(K % (SPLIT_K * BLOCK_K) == 0, "moe_bd_kernel: K must split into whole K steps")
+    K_SPLIT: tl.constexpr = K // SPLIT_K
+    k_lo = tl.program_id(2) * K_SPLIT
     KB: tl.constexpr = BLOCK_K // 16  # scale blocks per K step
     # The dot's columns: (block b, row m) -> b * BLOCK_M + m, padded with empty blocks to 16 columns.
     KBP: tl.constexpr = KB if KB * BLOCK_M >= 16 else 16 // BLOCK_M
@@ -235,24 +251,22 @@ def moe_bd_kernel(
     w_row = n_r + (offs_r // BLOCK_N) * N
     offs_j = tl.arange(0, W)
     offs_c = tl.arange(0, C)
-    m_of_c = offs_c % BLOCK_M
-    c_valid = m_of_c < count
-    r_c = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + m_of_c, mask=c_valid, other=0).to(tl.int64)
-    a_row_c = (r_c // KS if GATED else r_c) * stride_at
+    offs_m = tl.arange(0, BLOCK_M)
+    m_valid = offs_m < count
+    a_row_m = a_rows * stride_at  # [BLOCK_M]: each row's activations (row 0's for rows past the count)
+    offs_b = tl.arange(0, KBP)
     # The dot's K index k = 2j + t is nibble P + 4t of word j (columns 8j + P + 4t of the K step): the
     # order `_e2m1_pair_f16` yields them in. Word j lies in scale block j // 2.
     offs_k = tl.arange(0, 2 * W)
     col_k = 8 * (offs_k // 2) + 4 * (offs_k % 2)
     in_block = (offs_k // 4)[:, None] == (offs_c // BLOCK_M)[None, :]  # [2W, C]: k in column c's block
-    a_mask = in_block & c_valid[None, :]
-    a_ptrs = a_ptr + (a_row_c[None, :] + col_k[:, None])
+    in_block_rows = (offs_k // 4)[None, :] == offs_b[:, None]  # [KBP, 2W]: k in block b
     # ONE_DOT's K order: k = (P * W + j) * 2 + t is column 8j + P + 4t; word j lies in scale block j // 2.
     offs_k8 = tl.arange(0, 8 * W)
     j8 = (offs_k8 // 2) % W
     col8 = 8 * j8 + (offs_k8 // (2 * W)) + 4 * (offs_k8 % 2)
     in_block8 = (j8 // 2)[:, None] == (offs_c // BLOCK_M)[None, :]  # [8W, C]
-    a_mask8 = in_block8 & c_valid[None, :]
-    a_ptrs8 = a_ptr + (a_row_c[None, :] + col8[:, None])
+    in_block8_rows = (j8 // 2)[None, :] == offs_b[:, None]  # [KBP, 8W]
     r0 = tl.load(sorted_rows_ptr + pid_m * BLOCK_M).to(tl.int64)  # a used block's first row
     a_row0 = (r0 // KS if GATED else r0) * stride_at
     wp = w_base.to(tl.pointer_type(tl.uint32))
@@ -266,25 +280,28 @@ def moe_bd_kernel(
     # power of two (exact), and its sums are scaled back up in float32. Rows in range are left as they are.
     if BLOCK_M == 1:
         amax = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k_step in range(0, K_SPLIT, BLOCK_K):
+            k0 = k_lo + k_step
             amax = tl.maximum(
                 amax, tl.abs(tl.load(a_ptr + a_row0 + k0 + tl.arange(0, BLOCK_K)).to(tl.float32))
             )
         shift = tl.maximum(tl.ceil(tl.log2(tl.maximum(tl.max(amax, axis=0), 1.0))) - 15.0, 0.0)
     else:
-        amax = tl.zeros([BLOCK_K, C], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        amax = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+        for k_step in range(0, K_SPLIT, BLOCK_K):
+            k0 = k_lo + k_step
             v = tl.load(
-                a_ptr + a_row_c[None, :] + (k0 + tl.arange(0, BLOCK_K))[:, None],
-                mask=c_valid[None, :],
+                a_ptr + a_row_m[:, None] + (k0 + tl.arange(0, BLOCK_K))[None, :],
+                mask=m_valid[:, None],
                 other=0.0,
             )
             amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
-        shift = tl.maximum(tl.ceil(tl.log2(tl.maximum(tl.max(amax, axis=0), 1.0))) - 15.0, 0.0)  # [C]
+        shift = tl.maximum(tl.ceil(tl.log2(tl.maximum(tl.max(amax, axis=1), 1.0))) - 15.0, 0.0)  # [BLOCK_M]
     a_mult = tl.exp2(-shift)
     acc = tl.zeros([ROWS, C], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, C], dtype=tl.float32)  # the up rows when not STACKED
-    for k0 in range(0, K, BLOCK_K):
+    for k_step in range(0, K_SPLIT, BLOCK_K):
+        k0 = k_lo + k_step
         g_words = tl.load(w_rows + k0 // 8, mask=r_mask[:, None], other=0)
         g_scale = tl.load(s_rows + k0 // 16, mask=s_mask, other=0.0).to(tl.float32)
         if GATED and not STACKED:
@@ -293,9 +310,11 @@ def moe_bd_kernel(
         if ONE_DOT:
             # k = (P * W + j) * 2 + t: piece P's pairs side by side along K, so one operand build, one
             # barrier and one wgmma wait per K step instead of four.
-            a = _bd_operand(
-                a_ptr + a_row0 + k0 + col8, a_ptrs8 + k0, a_mask8, in_block8, a_mult, BLOCK_M, True
-            )
+            if BLOCK_M == 1:
+                a_ptrs = a_ptr + a_row0 + k0 + col8
+            else:
+                a_ptrs = a_ptr + a_row_m[:, None] + k0 + col8[None, :]
+            a = _bd_operand(a_ptrs, m_valid, in_block8, in_block8_rows, a_mult, BLOCK_M, KBP, True)
             pg = tl.dot(_e2m1_k_step_f16(g_words, ROWS, W), a)
             if GATED and not STACKED:
                 pu = tl.dot(_e2m1_k_step_f16(u_words, BLOCK_N, W), a)
@@ -303,15 +322,11 @@ def moe_bd_kernel(
             pg = tl.zeros([ROWS, C], dtype=tl.float32)
             pu = tl.zeros([BLOCK_N, C], dtype=tl.float32)
             for P in tl.static_range(4):
-                a = _bd_operand(
-                    a_ptr + a_row0 + (k0 + P) + col_k,
-                    a_ptrs + (k0 + P),
-                    a_mask,
-                    in_block,
-                    a_mult,
-                    BLOCK_M,
-                    K_MAJOR_A,
-                )
+                if BLOCK_M == 1:
+                    a_ptrs = a_ptr + a_row0 + (k0 + P) + col_k
+                else:
+                    a_ptrs = a_ptr + a_row_m[:, None] + (k0 + P) + col_k[None, :]
+                a = _bd_operand(a_ptrs, m_valid, in_block, in_block_rows, a_mult, BLOCK_M, KBP, K_MAJOR_A)
                 lo, hi = _e2m1_pair_f16(g_words, P)
                 pg = tl.dot(tl.reshape(tl.join(lo, hi), (ROWS, 2 * W)), a, pg)
                 if GATED and not STACKED:
@@ -325,16 +340,23 @@ def moe_bd_kernel(
     if BLOCK_M == 1:
         out_mult = tl.exp2(shift)
     else:
-        out_mult = tl.exp2(shift)[None, :]
-    sums = tl.sum(tl.reshape(acc * out_mult, (ROWS, KBP, BLOCK_M)), axis=1)  # [ROWS, BLOCK_M]
-    offs_m = tl.arange(0, BLOCK_M)
+        out_mult = tl.exp2(shift)[None, :]  # [1, BLOCK_M]: each row's own scaling, undone
+    sums = tl.sum(tl.reshape(acc, (ROWS, KBP, BLOCK_M)), axis=1) * out_mult  # [ROWS, BLOCK_M]
     if STACKED:
         sums = sums * (tl.where(offs_r < BLOCK_N, g_gate, g_up) * 16384.0)[:, None]
         gate, up = tl.split(tl.permute(tl.reshape(sums, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
     else:
         gate = sums * (g_gate * 16384.0)
         if GATED:
-            up = tl.sum(tl.reshape(acc_u * out_mult, (BLOCK_N, KBP, BLOCK_M)), axis=1) * (g_up * 16384.0)
+            up = tl.sum(tl.reshape(acc_u, (BLOCK_N, KBP, BLOCK_M)), axis=1) * out_mult * (g_up * 16384.0)
+    store_mask = (offs_m < count)[None, :] & n_mask[:, None]
+    if SPLIT_K > 1:  # this split's sums, [n, row] -> part[split, row, n] (gate) and [.., N + n] (up)
+        part = part_ptr + tl.program_id(2).to(tl.int64) * stride_ps + offs_n[:, None]
+        row_w = 2 * N if GATED else N
+        tl.store(part + rows[None, :] * row_w, gate, mask=store_mask)
+        if GATED:
+            tl.store(part + rows[None, :] * row_w + N, up, mask=store_mask)
+        return
     if GATED:
         out = gate / (1.0 + tl.exp(-gate)) * up
     else:
@@ -342,5 +364,52 @@ def moe_bd_kernel(
     tl.store(
         out_ptr + rows[None, :] * stride_ot + offs_n[:, None],
         out.to(out_ptr.dtype.element_ty),
-        mask=(offs_m < count)[None, :] & n_mask[:, None],
+        mask=store_mask,
+    )
+
+
+@triton.jit
+def splitk_epilogue_kernel(
+    part_ptr,  # float32 [SPLIT_K, rows, 2N if GATED else N]: moe_bd_kernel's partial sums
+    stride_ps,
+    out_ptr,
+    stride_ot,
+    sorted_rows_ptr,
+    expert_ids_ptr,
+    block_rows_ptr,
+    route_w_ptr,
+    num_tokens,
+    N,
+    TOP_K: tl.constexpr,
+    KS: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """moe_bd_kernel's output from its SPLIT_K partial sums, over the same blocks and N tiles: the splits
+    added in their order (the same sum on every run), then GEMM 1's SwiGLU or GEMM 2's route weight."""
+    pid_m = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    e, count, rows, a_rows = _block(
+        pid_m, expert_ids_ptr, block_rows_ptr, sorted_rows_ptr, num_tokens, TOP_K, KS, True, GATED, BLOCK_M
+    )
+    if e < 0:
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < count)[:, None] & (offs_n < N)[None, :]
+    row_w = 2 * N if GATED else N
+    part = part_ptr + rows[:, None] * row_w + offs_n[None, :]
+    gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        gate += tl.load(part + s * stride_ps, mask=mask, other=0.0)
+        if GATED:
+            up += tl.load(part + s * stride_ps + N, mask=mask, other=0.0)
+    if GATED:
+        out = gate / (1.0 + tl.exp(-gate)) * up
+    else:
+        out = gate * tl.load(route_w_ptr + rows, mask=offs_m < count, other=0.0)[:, None]
+    tl.store(
+        out_ptr + rows[:, None] * stride_ot + offs_n[None, :], out.to(out_ptr.dtype.element_ty), mask=mask
     )

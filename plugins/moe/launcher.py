@@ -70,6 +70,14 @@ def _fit_k(block_k: int, K: int) -> int:
     return block_k
 
 
+def _fit_split(split: int, k_steps: int) -> int:
+    """The bd kernel's split of the reduction: the config's, less where the K steps do not divide evenly."""
+    split = max(1, min(split, k_steps))
+    while k_steps % split:
+        split -= 1
+    return split
+
+
 SMEM_BYTES = 227 * 1024  # an H100's or H200's shared memory per block
 
 
@@ -135,14 +143,29 @@ def _gemm(
     if kernel == "gemv":
         decode_kernels.moe_gemv_kernel[grid](*args, **tiles)
     elif kernel == "bd":
-        decode_kernels.moe_bd_kernel[grid](
-            *args,
+        split = _fit_split(int(cfg.get("split_k", 1)), K // block_k)
+        part = dummy  # the splits' float32 partial sums, which splitk_epilogue_kernel adds
+        if split > 1:
+            shape = (split, out.shape[0], (2 if gated else 1) * N)
+            part = torch.empty(shape, dtype=torch.float32, device=a.device)
+        decode_kernels.moe_bd_kernel[(*grid, split)](
+            *args[:-1],  # (args ends with K, which the kernel takes after the partial sums' buffer)
+            part,
+            part.stride(0) if split > 1 else 0,
+            K,
+            SPLIT_K=split,
             STACK_GU=bool(cfg.get("stack_gu", False)),
             K_MAJOR_A=bool(cfg.get("k_major_a", False)),
             ONE_DOT=bool(cfg.get("one_dot", False)),
             N_FIRST=n_first,
             **tiles,
         )
+        if split > 1:
+            block_n = 256
+            decode_kernels.splitk_epilogue_kernel[(grid_m, triton.cdiv(N, block_n))](
+                part, part.stride(0), out, out.stride(0), *route, num_tokens, N,
+                TOP_K=top_k, KS=KS, GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split, num_warps=4,
+            )  # fmt: skip
     else:
         # NVFP4 codes decoded by byte lookups (kernels._weight_tile_prmt): bf16 on CUDA, unless a config says
         # "prmt": False (the float32 decode, for comparison); inline PTX has no interpreter form
@@ -508,14 +531,28 @@ def _candidates(T: int) -> list[dict]:
         # priority (CUDA graphs keep a node's priority; within 0.3% of the default at every T).
         best = {"block_m": 1, "kernel": "bd", "shared": "triton", "overlap": True, **BD_GEMMS}
         out += [{**best, "gemm2": {**best["gemm2"], "maxnreg": cap}} for cap in (80, 96)]
+        # The reduction split over programs (decode_kernels.moe_bd_kernel's SPLIT_K). At T = 1 GEMM 1 has 288
+        # programs of 253 registers (2 an SM: 264 at once on 132 SMs) and GEMM 2 576 of 107 (4 an SM, 528
+        # at once): each a full round and a sliver of a second, which takes about as long (bench.sm90_moe).
+        for s1, s2 in [(2, 1), (3, 1), (4, 1), (1, 2), (1, 3), (2, 2), (3, 2), (4, 2), (3, 3), (4, 3)]:
+            out.append(
+                {**best, "gemm1": {**best["gemm1"], "split_k": s1}, "gemm2": {**best["gemm2"], "split_k": s2}}
+            )
+        # An expert's rows in one block read its weights once (at T = 8 on inkling-bench's router, 48 rows
+        # went to 21 experts); each row's activations are loaded once a step and broadcast over the scale
+        # blocks (bench.sm90_moe --bd --tile 2,64,256,4,3: 1,053 instructions a step against 783 for one row).
+        for m in (2, 4):
+            out.append({**best, "block_m": m})
     elif T <= 128:
         # The block-diagonal decode kernel for batches of decode and verify rows (batch 32 steps, MTP
         # verifies): a touched expert holds 1-2 of their rows, and the tensor-core tiles above decode its
         # weights for a 16-row block. H200, 2026-12-02 (bench/moe.py --decode-kernels 32,64,
         # bench/results/gpu-2026-12-02/s21-moe-batch/): the op at T = 32 took 2.43 ms with one row a block
         # against 2.66 on the best tensor-core tiles, at T = 64 4.75 against 3.73. Two and four rows a block
-        # took 2.5 and 5 times as long as one (6.1 and 12.2 ms at T = 32), so they are not candidates.
+        # took 2.5 and 5 times as long as one there (6.1 and 12.2 ms at T = 32), when the kernel gathered its
+        # activation operand element by element (1,312 instructions a step at 2 rows, now 1,053).
         out.append({"block_m": 1, "kernel": "bd", "shared": "triton", **BD_GEMMS})
+        out.append({"block_m": 2, "kernel": "bd", "shared": "triton", **BD_GEMMS})
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (_run's docstring), for the decode kernels and the small tensor-core tiles
         out += [
