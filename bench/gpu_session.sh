@@ -225,13 +225,13 @@ moe)
     pack moe
     ;;
 moe-decode)
-    # The decode kernels at the real shapes: every bd candidate of tune() (split reductions and multi-row
-    # blocks among them) against the reference, the overlap and graph tests; then the decode variants timed
-    # (bench/moe.py DECODE_VARIANTS), then the tuned op at T = 1, 8, 64 with its launches timed one by one
-    run moe_decode_gpu "${TEST_LIMIT:-240}" "${PYTEST[@]}" -m gpu tests/kernels/test_moe.py \
-        -k "decode_kernels or overlap or cuda_graph"
+    # The decode kernels at the real shapes: the decode variants timed (bench/moe.py DECODE_VARIANTS: split
+    # reductions, multi-row blocks), the tuned op at T = 1, 8, 64 launch by launch, then every bd candidate
+    # of tune() against the reference, and the overlap and graph tests
     run decode_tiles "${TILES_LIMIT:-150}" python3 bench/moe.py --out "$OUT" --decode-tiles "${TILE_TOKENS:-1,4,8}"
     run moe "${MOE_LIMIT:-180}" python3 bench/moe.py --out "$OUT" --tokens "${MOE_TOKENS:-1,8,64}" --skip-sconv
+    run moe_decode_gpu "${TEST_LIMIT:-200}" "${PYTEST[@]}" -m gpu tests/kernels/test_moe.py \
+        -k "decode_kernels or overlap or cuda_graph"
     ;;
 moe-fix)
     # The sigmoid MoE's GPU tests (every op argument passed; real-shape layers drawn in their dtype), the bf16

@@ -552,7 +552,7 @@ def _candidates(T: int) -> list[dict]:
         # took 2.5 and 5 times as long as one there (6.1 and 12.2 ms at T = 32), when the kernel gathered its
         # activation operand element by element (1,312 instructions a step at 2 rows, now 1,053).
         out.append({"block_m": 1, "kernel": "bd", "shared": "triton", **BD_GEMMS})
-        out.append({"block_m": 2, "kernel": "bd", "shared": "triton", **BD_GEMMS})
+        out += [{"block_m": m, "kernel": "bd", "shared": "triton", **BD_GEMMS} for m in (2, 4)]
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (_run's docstring), for the decode kernels and the small tensor-core tiles
         out += [
