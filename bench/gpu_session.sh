@@ -232,6 +232,11 @@ moe-decode)
     run moe "${MOE_LIMIT:-180}" python3 bench/moe.py --out "$OUT" --tokens "${MOE_TOKENS:-1,8,64}" --skip-sconv
     run moe_decode_gpu "${TEST_LIMIT:-200}" "${PYTEST[@]}" -m gpu tests/kernels/test_moe.py \
         -k "decode_kernels or overlap or cuda_graph"
+    if [ -n "${NCU:-}" ]; then  # Nsight Compute on the bd kernel's two launches at T = 1 (default config)
+        run bd_ncu "${NCU_LIMIT:-120}" ncu --clock-control none --kernel-name regex:moe_bd_kernel --launch-count 2 \
+            --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats \
+            --section WarpStateStats --section MemoryWorkloadAnalysis python3 bench/moe.py --launch-only 1
+    fi
     ;;
 moe-fix)
     # The sigmoid MoE's GPU tests (every op argument passed; real-shape layers drawn in their dtype), the bf16

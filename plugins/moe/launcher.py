@@ -533,26 +533,31 @@ def _candidates(T: int) -> list[dict]:
         out += [{**best, "gemm2": {**best["gemm2"], "maxnreg": cap}} for cap in (80, 96)]
         # The reduction split over programs (decode_kernels.moe_bd_kernel's SPLIT_K). At T = 1 GEMM 1 has 288
         # programs of 253 registers (2 an SM: 264 at once on 132 SMs) and GEMM 2 576 of 107 (4 an SM, 528
-        # at once): each a full round and a sliver of a second, which takes about as long (bench.sm90_moe).
-        for s1, s2 in [(2, 1), (3, 1), (4, 1), (1, 2), (1, 3), (2, 2), (3, 2), (4, 2), (3, 3), (4, 3)]:
+        # at once): a full round and a sliver of a second each. H100, 2026-12-07 (bench/moe.py --decode-tiles,
+        # bench/results/gpu-2026-12-07/h100-moe-decode/): GEMM 1 82.5 us unsplit, 73.3 / 71.4 / 71.3 / 77.5 at
+        # 2 / 3 / 4 / 6 splits; GEMM 2 42.4, 40.9 / 42.0 / 44.3 at 2 / 3 / 4; the op 186.4 -> 179.2 us. At
+        # T = 4 every split was slower (the grid is large already). GEMM 1 on 32-row tiles (151 registers,
+        # 3 programs an SM) 70.6 us unsplit.
+        for s1, s2 in [(2, 1), (3, 1), (4, 1), (1, 2), (2, 2), (3, 2), (4, 2)]:
             out.append(
                 {**best, "gemm1": {**best["gemm1"], "split_k": s1}, "gemm2": {**best["gemm2"], "split_k": s2}}
             )
-        # An expert's rows in one block read its weights once (at T = 8 on inkling-bench's router, 48 rows
-        # went to 21 experts); each row's activations are loaded once a step and broadcast over the scale
-        # blocks (bench.sm90_moe --bd --tile 2,64,256,4,3: 1,053 instructions a step against 783 for one row).
-        for m in (2, 4):
-            out.append({**best, "block_m": m})
+        for s1, s2 in [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2)]:
+            g1 = {**best["gemm1"], "block_n": 32, "split_k": s1}
+            out.append({**best, "gemm1": g1, "gemm2": {**best["gemm2"], "split_k": s2}})
+        # Not candidates: blocks of 2 and 4 rows, which read an expert's weights once for its rows. The dot's
+        # columns are (scale block, row), so its tensor-core work grows with the rows while the weights stay:
+        # at T = 1 GEMM 1 took 258 / 541 us against 82.5, at T = 4 585 / 1034 against 200 (same run).
     elif T <= 128:
         # The block-diagonal decode kernel for batches of decode and verify rows (batch 32 steps, MTP
         # verifies): a touched expert holds 1-2 of their rows, and the tensor-core tiles above decode its
         # weights for a 16-row block. H200, 2026-12-02 (bench/moe.py --decode-kernels 32,64,
         # bench/results/gpu-2026-12-02/s21-moe-batch/): the op at T = 32 took 2.43 ms with one row a block
         # against 2.66 on the best tensor-core tiles, at T = 64 4.75 against 3.73. Two and four rows a block
-        # took 2.5 and 5 times as long as one there (6.1 and 12.2 ms at T = 32), when the kernel gathered its
-        # activation operand element by element (1,312 instructions a step at 2 rows, now 1,053).
+        # took 2.5 and 5 times as long as one (6.1 and 12.2 ms at T = 32), so they are not candidates (loading
+        # each row's activations once a step since then cut 1,312 instructions a step to 1,053 at 2 rows, and
+        # 2 rows still took 3 times as long as one at T = 1 and 4: the T <= 16 candidates say why).
         out.append({"block_m": 1, "kernel": "bd", "shared": "triton", **BD_GEMMS})
-        out += [{"block_m": m, "kernel": "bd", "shared": "triton", **BD_GEMMS} for m in (2, 4)]
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (_run's docstring), for the decode kernels and the small tensor-core tiles
         out += [
