@@ -492,6 +492,23 @@ DECODE_VARIANTS = [
     ("gemm1 block_n 32 split 3", {}, {"block_n": 32, "split_k": 3}, {}),
     ("gemm1 block_n 32, splits 2 / 2", {}, {"block_n": 32, "split_k": 2}, {"split_k": 2}),
     ("gemm1 block_n 32, gemm2 split 2", {}, {"block_n": 32}, {"split_k": 2}),
+    # one_dot's activations a step ahead (PREFETCH_A)
+    ("gemm1 prefetch", {}, {"prefetch_a": True}, {}),
+    ("gemm1 prefetch split 2", {}, {"prefetch_a": True, "split_k": 2}, {}),
+    ("gemm1 block_n 32 prefetch split 2", {}, {"block_n": 32, "prefetch_a": True, "split_k": 2}, {}),
+    ("gemm2 one_dot prefetch", {}, {}, {"k_major_a": False, "one_dot": True, "prefetch_a": True}),
+    (
+        "gemm2 one_dot prefetch split 2",
+        {},
+        {},
+        {"k_major_a": False, "one_dot": True, "prefetch_a": True, "split_k": 2},
+    ),
+    (
+        "gemm1 block_n 32 prefetch split 2, gemm2 maxnreg 96",
+        {},
+        {"block_n": 32, "prefetch_a": True, "split_k": 2},
+        {"maxnreg": 96},
+    ),
 ]  # a 2026-12-01 run also timed the routed branch on a stream of higher priority: no gain (launcher._candidates)
 
 

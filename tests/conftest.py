@@ -38,10 +38,10 @@ SLOW = {
     "tests/e2e/test_engine.py::test_compiled_engine_equals_eager",
     # the Triton interpreter on multi-row MoE decode tiles (25-64 s each); the 1- to 3-token cases (every
     # kernel option among them, split K included) stay in CI
-    "tests/kernels/test_moe.py::test_block_diagonal_decode[9-2-128-1.0-True-False-False-False-1]",
-    "tests/kernels/test_moe.py::test_block_diagonal_decode[9-2-128-1.0-False-False-True-True-1]",
-    "tests/kernels/test_moe.py::test_block_diagonal_decode[9-4-256-131072.0-True-True-True-False-1]",
-    "tests/kernels/test_moe.py::test_block_diagonal_decode[3-4-64-131072.0-False-False-False-False-1]",
+    "tests/kernels/test_moe.py::test_block_diagonal_decode[9-2-128-1.0-True-False-False-False-1-False]",
+    "tests/kernels/test_moe.py::test_block_diagonal_decode[9-2-128-1.0-False-False-True-True-1-False]",
+    "tests/kernels/test_moe.py::test_block_diagonal_decode[9-4-256-131072.0-True-True-True-False-1-False]",
+    "tests/kernels/test_moe.py::test_block_diagonal_decode[3-4-64-131072.0-False-False-False-False-1-False]",
     "tests/kernels/test_moe.py::test_gemv[9-triton-4]",
     "tests/kernels/test_moe.py::test_gemv[3-torch-1]",
     # 13-20 s: every token on the same experts; test_default_tiles_match_the_math (70 tokens on 16 experts)

@@ -134,16 +134,20 @@ def moe_gemv_kernel(
 @triton.jit
 def _bd_operand(
     row_ptrs, row_mask, in_block, in_block_rows, a_mult, BLOCK_M: tl.constexpr, KBP: tl.constexpr,
-    K_MAJOR: tl.constexpr,
+    K_MAJOR: tl.constexpr, LOADED: tl.constexpr = False,
 ):  # fmt: skip
     """The block-diagonal activation operand [K, C] as fp16, rows scaled by a_mult. One activation row
     (BLOCK_M 1): its K values at row_ptrs [K], loaded once and placed in their scale block's column (K_MAJOR:
     built as [C, K] and transposed, so the loads come out K-contiguous; in_block [K, C]). Several rows: each
     row's K values loaded once at row_ptrs [BLOCK_M, K] (rows past the block's count as zeros), broadcast
     over the scale blocks as [KBP, BLOCK_M, K] and kept where in_block_rows [KBP, K] says the column lies
-    in that block, so column c = b * BLOCK_M + m holds row m's block b."""
+    in that block, so column c = b * BLOCK_M + m holds row m's block b. LOADED (one row): row_ptrs holds
+    the values themselves, loaded a step ahead."""
     if BLOCK_M == 1:
-        a = (tl.load(row_ptrs).to(tl.float32) * a_mult).to(tl.float16)
+        if LOADED:
+            a = (row_ptrs.to(tl.float32) * a_mult).to(tl.float16)
+        else:
+            a = (tl.load(row_ptrs).to(tl.float32) * a_mult).to(tl.float16)
         if K_MAJOR:
             a = tl.trans(tl.where(tl.trans(in_block), a[None, :], 0.0))
         else:
@@ -205,6 +209,7 @@ def moe_bd_kernel(
     K_MAJOR_A: tl.constexpr = False,  # 1-row blocks: build the activation operand as [C, 2W], then transpose
     ONE_DOT: tl.constexpr = False,  # the four nibble pieces of a K step in one dot of K = BLOCK_K
     N_FIRST: tl.constexpr = False,  # the grid's N tiles first, as moe_gemm_kernel's routed GEMMs
+    PREFETCH_A: tl.constexpr = False,  # ONE_DOT, 1-row blocks: load the next step's activations a step ahead
 ):
     """The decode form of moe_gemm_kernel on tensor cores (same blocks, same outputs).
 
@@ -300,6 +305,12 @@ def moe_bd_kernel(
     a_mult = tl.exp2(-shift)
     acc = tl.zeros([ROWS, C], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, C], dtype=tl.float32)  # the up rows when not STACKED
+    # The activations in ONE_DOT's K order are 2-byte gathers, which Triton's pipeline does not issue ahead
+    # (no cp.async under 4 bytes): each step waited on them (Nsight Compute, H100, T = 1: a third of the
+    # stall cycles on L1TEX). PREFETCH_A loads them one step ahead into registers, two values a thread.
+    PREFETCH: tl.constexpr = PREFETCH_A and ONE_DOT and BLOCK_M == 1
+    if PREFETCH:
+        a_next = tl.load(a_ptr + a_row0 + k_lo + col8)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_lo + k_step
         g_words = tl.load(w_rows + k0 // 8, mask=r_mask[:, None], other=0)
@@ -310,11 +321,17 @@ def moe_bd_kernel(
         if ONE_DOT:
             # k = (P * W + j) * 2 + t: piece P's pairs side by side along K, so one operand build, one
             # barrier and one wgmma wait per K step instead of four.
-            if BLOCK_M == 1:
-                a_ptrs = a_ptr + a_row0 + k0 + col8
+            if PREFETCH:
+                a_vals = a_next
+                k_ahead = tl.minimum(k0 + BLOCK_K, k_lo + K_SPLIT - BLOCK_K)  # the last step reloads its own
+                a_next = tl.load(a_ptr + a_row0 + k_ahead + col8)
+                a = _bd_operand(a_vals, m_valid, in_block8, in_block8_rows, a_mult, BLOCK_M, KBP, True, True)
             else:
-                a_ptrs = a_ptr + a_row_m[:, None] + k0 + col8[None, :]
-            a = _bd_operand(a_ptrs, m_valid, in_block8, in_block8_rows, a_mult, BLOCK_M, KBP, True)
+                if BLOCK_M == 1:
+                    a_ptrs = a_ptr + a_row0 + k0 + col8
+                else:
+                    a_ptrs = a_ptr + a_row_m[:, None] + k0 + col8[None, :]
+                a = _bd_operand(a_ptrs, m_valid, in_block8, in_block8_rows, a_mult, BLOCK_M, KBP, True)
             pg = tl.dot(_e2m1_k_step_f16(g_words, ROWS, W), a)
             if GATED and not STACKED:
                 pu = tl.dot(_e2m1_k_step_f16(u_words, BLOCK_N, W), a)

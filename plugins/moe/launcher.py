@@ -157,6 +157,7 @@ def _gemm(
             STACK_GU=bool(cfg.get("stack_gu", False)),
             K_MAJOR_A=bool(cfg.get("k_major_a", False)),
             ONE_DOT=bool(cfg.get("one_dot", False)),
+            PREFETCH_A=bool(cfg.get("prefetch_a", False)),
             N_FIRST=n_first,
             **tiles,
         )
@@ -545,6 +546,19 @@ def _candidates(T: int) -> list[dict]:
         for s1, s2 in [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2)]:
             g1 = {**best["gemm1"], "block_n": 32, "split_k": s1}
             out.append({**best, "gemm1": g1, "gemm2": {**best["gemm2"], "split_k": s2}})
+        # one_dot's activations loaded a step ahead (decode_kernels.moe_bd_kernel's PREFETCH_A): Nsight Compute
+        # found a third of GEMM 1's stall cycles waiting on them (H100, T = 1, gpu-2026-12-07/h100-moe-decode-2/)
+        pf1 = {**best["gemm1"], "prefetch_a": True}
+        pf2 = {**BD_TILE, "one_dot": True, "prefetch_a": True}
+        n32 = {"block_n": 32, "split_k": 2}
+        for g1, g2 in [
+            (pf1, best["gemm2"]),
+            ({**pf1, "split_k": 2}, {**best["gemm2"], "split_k": 2}),
+            ({**pf1, **n32}, {**best["gemm2"], "split_k": 2}),
+            ({**pf1, **n32}, pf2),
+            (pf1, pf2),
+        ]:
+            out.append({**best, "gemm1": g1, "gemm2": g2})
         # Not candidates: blocks of 2 and 4 rows, which read an expert's weights once for its rows. The dot's
         # columns are (scale block, row), so its tensor-core work grows with the rows while the weights stay:
         # at T = 1 GEMM 1 took 258 / 541 us against 82.5, at T = 4 585 / 1034 against 200 (same run).

@@ -105,22 +105,33 @@ def test_gemv(T, shared, block_m):
 
 
 @pytest.mark.parametrize(
-    "T, block_m, block_k, scale, stack, k_major, one_dot, n_first, split",
+    "T, block_m, block_k, scale, stack, k_major, one_dot, n_first, split, prefetch",
     [
-        (1, 1, 256, 2.0**17, False, False, False, False, 1),
-        (2, 1, 256, 1.0, True, True, False, True, 1),
-        (9, 2, 128, 1.0, True, False, False, False, 1),
-        (3, 4, 64, 2.0**17, False, False, False, False, 1),
-        (1, 1, 256, 2.0**17, True, False, True, False, 1),
-        (9, 2, 128, 1.0, False, False, True, True, 1),
-        (9, 4, 256, 2.0**17, True, True, True, False, 1),  # as tune()'s bd candidates for 16 < T <= 128
-        # split K: GEMM 1 in 4 splits, GEMM 2 in 2 (4 does not divide its 2 steps); then 2-row blocks, GEMM 2's
-        # single step unsplit
-        (1, 1, 64, 2.0**17, True, True, True, False, 4),
-        (3, 2, 128, 1.0, False, False, False, True, 2),
+        (1, 1, 256, 2.0**17, False, False, False, False, 1, False),
+        (2, 1, 256, 1.0, True, True, False, True, 1, False),
+        (9, 2, 128, 1.0, True, False, False, False, 1, False),
+        (3, 4, 64, 2.0**17, False, False, False, False, 1, False),
+        (1, 1, 256, 2.0**17, True, False, True, False, 1, False),
+        (9, 2, 128, 1.0, False, False, True, True, 1, False),
+        (
+            9,
+            4,
+            256,
+            2.0**17,
+            True,
+            True,
+            True,
+            False,
+            1,
+            False,
+        ),  # as tune()'s bd candidates for 16 < T <= 128
+        # split K: GEMM 1's 4 steps in 2 splits, the activations prefetched a step ahead within each; then
+        # 2-row blocks with GEMM 2's single step unsplit (2 does not divide it)
+        (1, 1, 64, 2.0**17, True, True, True, False, 2, True),
+        (3, 2, 128, 1.0, False, False, False, True, 2, False),
     ],
 )
-def test_block_diagonal_decode(T, block_m, block_k, scale, stack, k_major, one_dot, n_first, split):
+def test_block_diagonal_decode(T, block_m, block_k, scale, stack, k_major, one_dot, n_first, split, prefetch):
     """The block-diagonal decode kernel on tensor cores: one to four rows a block, the dot's columns padded
     when the step is short. It hands the tensor cores fp16 activations, so x holds fp16 values and only h's
     rounding to fp16 (GEMM 2's input) and float32 summation orders remain: a misplaced nibble, scale block or
@@ -129,11 +140,12 @@ def test_block_diagonal_decode(T, block_m, block_k, scale, stack, k_major, one_d
     `stack`: GEMM 1's gate and up rows in one dot; `k_major`: the 1-row activation operand built
     K-contiguous; `one_dot`: a K step's four nibble pieces in one dot; `n_first`: the grid's N tiles first;
     `split`: the reduction split over programs whose partial sums the epilogue kernel adds (a split that
-    does not divide the K steps falls back to one that does)."""
+    does not divide the K steps falls back to one that does); `prefetch`: one_dot's activations loaded a
+    step ahead."""
     layer = make_layer(**SMALL, seed=20 + T)
     x = tokens(T, SMALL["H"], seed=T).half().float() * scale
     g = {"block_n": 16, "block_k": block_k, "num_warps": 4, "num_stages": 2, "k_major_a": k_major,
-         "one_dot": one_dot, "n_first": n_first, "split_k": split}  # fmt: skip
+         "one_dot": one_dot, "n_first": n_first, "split_k": split, "prefetch_a": prefetch}  # fmt: skip
     cfg = {"block_m": block_m, "kernel": "bd", "gemm1": {**g, "stack_gu": stack}, "gemm2": dict(g)}
     want = spec_moe(x, layer, 6)
     assert_close(launcher.sigmoid_sink_moe(*moe_args(x, layer, 6), config=cfg), want, 1.5e-3)
