@@ -28,6 +28,12 @@ KERNELS = ("mma", "gemv", "bd")
 # measurements): GEMM 1's gate and up rows stacked in one dot a step, GEMM 2's activation row K-contiguous.
 BD_TILE = {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3}
 BD_GEMMS = {"gemm1": {**BD_TILE, "stack_gu": True, "one_dot": True}, "gemm2": {**BD_TILE, "k_major_a": True}}
+# At batch 1 (T = 1): GEMM 1 on 32-row tiles in 2 splits with its activations loaded a step ahead, GEMM 2 capped
+# at 96 registers (the fastest pair measured, _candidates' T <= 16 notes: 171.8 against 183.6 us on an H100).
+BD_GEMMS_T1 = {
+    "gemm1": {**BD_GEMMS["gemm1"], "block_n": 32, "split_k": 2, "prefetch_a": True},
+    "gemm2": {**BD_GEMMS["gemm2"], "maxnreg": 96},
+}
 
 # One config per bucket of T (tokens per call). block_m is shared by both GEMMs (it sets the row
 # alignment); each GEMM has its own N/K tiles, warps and pipeline stages. "kernel": "gemv" (decode
@@ -35,6 +41,7 @@ BD_GEMMS = {"gemm1": {**BD_TILE, "stack_gu": True, "one_dot": True}, "gemm2": {*
 DEFAULT_TABLE: dict = {
     "version": 1,
     "buckets": [
+        {"max_tokens": 1, "block_m": 1, "kernel": "bd", "overlap": True, **BD_GEMMS_T1},
         {"max_tokens": 16, "block_m": 1, "kernel": "bd", "overlap": True, **BD_GEMMS},
         {"max_tokens": 128, "block_m": 16,
          "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
@@ -547,7 +554,10 @@ def _candidates(T: int) -> list[dict]:
             g1 = {**best["gemm1"], "block_n": 32, "split_k": s1}
             out.append({**best, "gemm1": g1, "gemm2": {**best["gemm2"], "split_k": s2}})
         # one_dot's activations loaded a step ahead (decode_kernels.moe_bd_kernel's PREFETCH_A): Nsight Compute
-        # found a third of GEMM 1's stall cycles waiting on them (H100, T = 1, gpu-2026-12-07/h100-moe-decode-2/)
+        # found a third of GEMM 1's stall cycles waiting on them (H100, T = 1, gpu-2026-12-07/h100-moe-decode-2/).
+        # Same H100, one call (h100-moe-decode-3/): GEMM 1 82.1 us; prefetched alone 86.1, with 2 splits 72.0,
+        # on 32-row tiles with 2 splits 63.9 (66.1 without the prefetch); with GEMM 2 capped at 96 registers
+        # (42.2 -> 35.2 us) the op took 171.8 us against 183.6 for the default.
         pf1 = {**best["gemm1"], "prefetch_a": True}
         pf2 = {**BD_TILE, "one_dot": True, "prefetch_a": True}
         n32 = {"block_n": 32, "split_k": 2}
@@ -557,6 +567,8 @@ def _candidates(T: int) -> list[dict]:
             ({**pf1, **n32}, {**best["gemm2"], "split_k": 2}),
             ({**pf1, **n32}, pf2),
             (pf1, pf2),
+            ({**pf1, **n32}, {**best["gemm2"], "maxnreg": 96}),
+            ({**pf1, **n32}, {**best["gemm2"], "maxnreg": 80}),
         ]:
             out.append({**best, "gemm1": g1, "gemm2": g2})
         # Not candidates: blocks of 2 and 4 rows, which read an expert's weights once for its rows. The dot's
