@@ -460,6 +460,49 @@ def _shared_torch(x, shared_w13, shared_w2, route_w, out, top_k) -> None:
     out.view(T, KS, H)[:, top_k:] = (ys.transpose(0, 1).float() * p[..., None]).to(out.dtype)
 
 
+def _batch1_candidates(best: dict) -> list[dict]:
+    """The decode kernel's candidates for one token (T = 1) beside `best` (tune()'s usual decode pick): split
+    reductions, 32-row GEMM 1 tiles, activations a step ahead. At T = 4 and 8 every one of them was slower
+    (their grids are large already), so only batch 1's bucket times them."""
+    out = []
+    # The reduction split over programs (decode_kernels.moe_bd_kernel's SPLIT_K). At T = 1 GEMM 1 has 288
+    # programs of 253 registers (2 an SM: 264 at once on 132 SMs) and GEMM 2 576 of 107 (4 an SM, 528
+    # at once): a full round and a sliver of a second each. H100, 2026-12-07 (bench/moe.py --decode-tiles,
+    # bench/results/gpu-2026-12-07/h100-moe-decode/): GEMM 1 82.5 us unsplit, 73.3 / 71.4 / 71.3 / 77.5 at
+    # 2 / 3 / 4 / 6 splits; GEMM 2 42.4, 40.9 / 42.0 / 44.3 at 2 / 3 / 4; the op 186.4 -> 179.2 us. At
+    # T = 4 every split was slower (the grid is large already). GEMM 1 on 32-row tiles (151 registers,
+    # 3 programs an SM) 70.6 us unsplit.
+    for s1, s2 in [(2, 1), (3, 1), (4, 1), (1, 2), (2, 2), (3, 2), (4, 2)]:
+        out.append(
+            {**best, "gemm1": {**best["gemm1"], "split_k": s1}, "gemm2": {**best["gemm2"], "split_k": s2}}
+        )
+    for s1, s2 in [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2)]:
+        g1 = {**best["gemm1"], "block_n": 32, "split_k": s1}
+        out.append({**best, "gemm1": g1, "gemm2": {**best["gemm2"], "split_k": s2}})
+    # one_dot's activations loaded a step ahead (decode_kernels.moe_bd_kernel's PREFETCH_A): Nsight Compute
+    # found a third of GEMM 1's stall cycles waiting on them (H100, T = 1, gpu-2026-12-07/h100-moe-decode-2/).
+    # Same H100, one call (h100-moe-decode-3/): GEMM 1 82.1 us; prefetched alone 86.1, with 2 splits 72.0,
+    # on 32-row tiles with 2 splits 63.9 (66.1 without the prefetch); with GEMM 2 capped at 96 registers
+    # (42.2 -> 35.2 us) the op took 171.8 us against 183.6 for the default.
+    pf1 = {**best["gemm1"], "prefetch_a": True}
+    pf2 = {**BD_TILE, "one_dot": True, "prefetch_a": True}
+    n32 = {"block_n": 32, "split_k": 2}
+    for g1, g2 in [
+        (pf1, best["gemm2"]),
+        ({**pf1, "split_k": 2}, {**best["gemm2"], "split_k": 2}),
+        ({**pf1, **n32}, {**best["gemm2"], "split_k": 2}),
+        ({**pf1, **n32}, pf2),
+        (pf1, pf2),
+        ({**pf1, **n32}, {**best["gemm2"], "maxnreg": 96}),
+        ({**pf1, **n32}, {**best["gemm2"], "maxnreg": 80}),
+    ]:
+        out.append({**best, "gemm1": g1, "gemm2": g2})
+    # Not candidates: blocks of 2 and 4 rows, which read an expert's weights once for its rows. The dot's
+    # columns are (scale block, row), so its tensor-core work grows with the rows while the weights stay:
+    # at T = 1 GEMM 1 took 258 / 541 us against 82.5, at T = 4 585 / 1034 against 200 (same run).
+    return out
+
+
 def _candidates(T: int) -> list[dict]:
     """Configs worth timing for T tokens (a handful: tune() runs at build time, on the GPU)."""
     if T <= 16:
@@ -539,41 +582,8 @@ def _candidates(T: int) -> list[dict]:
         # priority (CUDA graphs keep a node's priority; within 0.3% of the default at every T).
         best = {"block_m": 1, "kernel": "bd", "shared": "triton", "overlap": True, **BD_GEMMS}
         out += [{**best, "gemm2": {**best["gemm2"], "maxnreg": cap}} for cap in (80, 96)]
-        # The reduction split over programs (decode_kernels.moe_bd_kernel's SPLIT_K). At T = 1 GEMM 1 has 288
-        # programs of 253 registers (2 an SM: 264 at once on 132 SMs) and GEMM 2 576 of 107 (4 an SM, 528
-        # at once): a full round and a sliver of a second each. H100, 2026-12-07 (bench/moe.py --decode-tiles,
-        # bench/results/gpu-2026-12-07/h100-moe-decode/): GEMM 1 82.5 us unsplit, 73.3 / 71.4 / 71.3 / 77.5 at
-        # 2 / 3 / 4 / 6 splits; GEMM 2 42.4, 40.9 / 42.0 / 44.3 at 2 / 3 / 4; the op 186.4 -> 179.2 us. At
-        # T = 4 every split was slower (the grid is large already). GEMM 1 on 32-row tiles (151 registers,
-        # 3 programs an SM) 70.6 us unsplit.
-        for s1, s2 in [(2, 1), (3, 1), (4, 1), (1, 2), (2, 2), (3, 2), (4, 2)]:
-            out.append(
-                {**best, "gemm1": {**best["gemm1"], "split_k": s1}, "gemm2": {**best["gemm2"], "split_k": s2}}
-            )
-        for s1, s2 in [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2)]:
-            g1 = {**best["gemm1"], "block_n": 32, "split_k": s1}
-            out.append({**best, "gemm1": g1, "gemm2": {**best["gemm2"], "split_k": s2}})
-        # one_dot's activations loaded a step ahead (decode_kernels.moe_bd_kernel's PREFETCH_A): Nsight Compute
-        # found a third of GEMM 1's stall cycles waiting on them (H100, T = 1, gpu-2026-12-07/h100-moe-decode-2/).
-        # Same H100, one call (h100-moe-decode-3/): GEMM 1 82.1 us; prefetched alone 86.1, with 2 splits 72.0,
-        # on 32-row tiles with 2 splits 63.9 (66.1 without the prefetch); with GEMM 2 capped at 96 registers
-        # (42.2 -> 35.2 us) the op took 171.8 us against 183.6 for the default.
-        pf1 = {**best["gemm1"], "prefetch_a": True}
-        pf2 = {**BD_TILE, "one_dot": True, "prefetch_a": True}
-        n32 = {"block_n": 32, "split_k": 2}
-        for g1, g2 in [
-            (pf1, best["gemm2"]),
-            ({**pf1, "split_k": 2}, {**best["gemm2"], "split_k": 2}),
-            ({**pf1, **n32}, {**best["gemm2"], "split_k": 2}),
-            ({**pf1, **n32}, pf2),
-            (pf1, pf2),
-            ({**pf1, **n32}, {**best["gemm2"], "maxnreg": 96}),
-            ({**pf1, **n32}, {**best["gemm2"], "maxnreg": 80}),
-        ]:
-            out.append({**best, "gemm1": g1, "gemm2": g2})
-        # Not candidates: blocks of 2 and 4 rows, which read an expert's weights once for its rows. The dot's
-        # columns are (scale block, row), so its tensor-core work grows with the rows while the weights stay:
-        # at T = 1 GEMM 1 took 258 / 541 us against 82.5, at T = 4 585 / 1034 against 200 (same run).
+        if T == 1:
+            out += _batch1_candidates(best)
     elif T <= 128:
         # The block-diagonal decode kernel for batches of decode and verify rows (batch 32 steps, MTP
         # verifies): a touched expert holds 1-2 of their rows, and the tensor-core tiles above decode its
