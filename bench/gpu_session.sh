@@ -226,7 +226,7 @@ moe)
     ;;
 moe-decode)
     # The decode kernels at the real shapes: the decode variants timed (bench/moe.py DECODE_VARIANTS: split
-    # reductions, multi-row blocks), the tuned op at T = 1, 8, 64 launch by launch, then every bd candidate
+    # reductions, 32-row tiles, prefetched activations), the tuned op at T = 1, 8, 64 launch by launch, then every bd candidate
     # of tune() against the reference, and the overlap and graph tests
     run decode_tiles "${TILES_LIMIT:-150}" python3 bench/moe.py --out "$OUT" --decode-tiles "${TILE_TOKENS:-1,4,8}"
     run moe "${MOE_LIMIT:-180}" python3 bench/moe.py --out "$OUT" --tokens "${MOE_TOKENS:-1,8,64}" --skip-sconv

@@ -274,6 +274,11 @@ def moe_bd_kernel(
     in_block8_rows = (j8 // 2)[None, :] == offs_b[:, None]  # [KBP, 8W]
     r0 = tl.load(sorted_rows_ptr + pid_m * BLOCK_M).to(tl.int64)  # a used block's first row
     a_row0 = (r0 // KS if GATED else r0) * stride_at
+    # A K step's activations are at a_base + k + its columns: one row's, or each row's ([BLOCK_M, 1])
+    if BLOCK_M == 1:
+        a_base = a_ptr + a_row0
+    else:
+        a_base = a_ptr + a_row_m[:, None]
     wp = w_base.to(tl.pointer_type(tl.uint32))
     w_rows = wp + w_row[:, None] * (stride_wn // 4) + offs_j[None, :]
     s_rows = ws_base + w_row[:, None] * stride_wsn + (offs_c // BLOCK_M)[None, :]
@@ -310,7 +315,7 @@ def moe_bd_kernel(
     # stall cycles on L1TEX). PREFETCH_A loads them one step ahead into registers, two values a thread.
     PREFETCH: tl.constexpr = PREFETCH_A and ONE_DOT and BLOCK_M == 1
     if PREFETCH:
-        a_next = tl.load(a_ptr + a_row0 + k_lo + col8)
+        a_next = tl.load(a_base + k_lo + col8)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_lo + k_step
         g_words = tl.load(w_rows + k0 // 8, mask=r_mask[:, None], other=0)
@@ -324,13 +329,10 @@ def moe_bd_kernel(
             if PREFETCH:
                 a_vals = a_next
                 k_ahead = tl.minimum(k0 + BLOCK_K, k_lo + K_SPLIT - BLOCK_K)  # the last step reloads its own
-                a_next = tl.load(a_ptr + a_row0 + k_ahead + col8)
+                a_next = tl.load(a_base + k_ahead + col8)
                 a = _bd_operand(a_vals, m_valid, in_block8, in_block8_rows, a_mult, BLOCK_M, KBP, True, True)
             else:
-                if BLOCK_M == 1:
-                    a_ptrs = a_ptr + a_row0 + k0 + col8
-                else:
-                    a_ptrs = a_ptr + a_row_m[:, None] + k0 + col8[None, :]
+                a_ptrs = a_base + k0 + col8
                 a = _bd_operand(a_ptrs, m_valid, in_block8, in_block8_rows, a_mult, BLOCK_M, KBP, True)
             pg = tl.dot(_e2m1_k_step_f16(g_words, ROWS, W), a)
             if GATED and not STACKED:
@@ -339,10 +341,7 @@ def moe_bd_kernel(
             pg = tl.zeros([ROWS, C], dtype=tl.float32)
             pu = tl.zeros([BLOCK_N, C], dtype=tl.float32)
             for P in tl.static_range(4):
-                if BLOCK_M == 1:
-                    a_ptrs = a_ptr + a_row0 + (k0 + P) + col_k
-                else:
-                    a_ptrs = a_ptr + a_row_m[:, None] + (k0 + P) + col_k[None, :]
+                a_ptrs = a_base + (k0 + P) + col_k
                 a = _bd_operand(a_ptrs, m_valid, in_block, in_block_rows, a_mult, BLOCK_M, KBP, K_MAJOR_A)
                 lo, hi = _e2m1_pair_f16(g_words, P)
                 pg = tl.dot(tl.reshape(tl.join(lo, hi), (ROWS, 2 * W)), a, pg)

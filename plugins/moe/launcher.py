@@ -29,7 +29,7 @@ KERNELS = ("mma", "gemv", "bd")
 BD_TILE = {"block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3}
 BD_GEMMS = {"gemm1": {**BD_TILE, "stack_gu": True, "one_dot": True}, "gemm2": {**BD_TILE, "k_major_a": True}}
 # At batch 1 (T = 1): GEMM 1 on 32-row tiles in 2 splits with its activations loaded a step ahead, GEMM 2 capped
-# at 96 registers (the fastest pair measured, _candidates' T <= 16 notes: 171.8 against 183.6 us on an H100).
+# at 96 registers (the fastest pair measured, _batch1_candidates' notes: 171.8 against 183.6 us on an H100).
 BD_GEMMS_T1 = {
     "gemm1": {**BD_GEMMS["gemm1"], "block_n": 32, "split_k": 2, "prefetch_a": True},
     "gemm2": {**BD_GEMMS["gemm2"], "maxnreg": 96},
@@ -493,8 +493,8 @@ def _batch1_candidates(best: dict) -> list[dict]:
         ({**pf1, **n32}, {**best["gemm2"], "split_k": 2}),
         ({**pf1, **n32}, pf2),
         (pf1, pf2),
-        ({**pf1, **n32}, {**best["gemm2"], "maxnreg": 96}),
-        ({**pf1, **n32}, {**best["gemm2"], "maxnreg": 80}),
+        (BD_GEMMS_T1["gemm1"], BD_GEMMS_T1["gemm2"]),  # batch 1's default
+        (BD_GEMMS_T1["gemm1"], {**best["gemm2"], "maxnreg": 80}),
     ]:
         out.append({**best, "gemm1": g1, "gemm2": g2})
     # Not candidates: blocks of 2 and 4 rows, which read an expert's weights once for its rows. The dot's
@@ -592,7 +592,7 @@ def _candidates(T: int) -> list[dict]:
         # against 2.66 on the best tensor-core tiles, at T = 64 4.75 against 3.73. Two and four rows a block
         # took 2.5 and 5 times as long as one (6.1 and 12.2 ms at T = 32), so they are not candidates (loading
         # each row's activations once a step since then cut 1,312 instructions a step to 1,053 at 2 rows, and
-        # 2 rows still took 3 times as long as one at T = 1 and 4: the T <= 16 candidates say why).
+        # 2 rows still took 3 times as long as one at T = 1 and 4: _batch1_candidates says why).
         out.append({"block_m": 1, "kernel": "bd", "shared": "triton", **BD_GEMMS})
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (_run's docstring), for the decode kernels and the small tensor-core tiles
