@@ -228,8 +228,15 @@ moe-decode)
     # The decode kernels at the real shapes: the decode variants timed (bench/moe.py DECODE_VARIANTS: split
     # reductions, 32-row tiles, prefetched activations), the tuned op at T = 1, 8, 64 launch by launch, then every bd candidate
     # of tune() against the reference, and the overlap and graph tests
-    run decode_tiles "${TILES_LIMIT:-150}" python3 bench/moe.py --out "$OUT" --decode-tiles "${TILE_TOKENS:-1,4,8}"
-    run moe "${MOE_LIMIT:-180}" python3 bench/moe.py --out "$OUT" --tokens "${MOE_TOKENS:-1,8,64}" --skip-sconv
+    if [ -n "${TILE_TOKENS-1,4,8}" ]; then  # TILE_TOKENS= (empty) skips the batch-1 variants
+        run decode_tiles "${TILES_LIMIT:-150}" python3 bench/moe.py --out "$OUT" --decode-tiles "${TILE_TOKENS-1,4,8}"
+    fi
+    if [ -n "${BATCH_TOKENS:-}" ]; then  # the scale_w tiles for batches beside the earlier forms
+        run batch_tiles "${BATCH_LIMIT:-200}" python3 bench/moe.py --out "$OUT" --batch-tiles "$BATCH_TOKENS"
+    fi
+    if [ -n "${MOE_TOKENS-1,8,64}" ]; then  # MOE_TOKENS= (empty) skips the tuned op
+        run moe "${MOE_LIMIT:-180}" python3 bench/moe.py --out "$OUT" --tokens "${MOE_TOKENS-1,8,64}" --skip-sconv
+    fi
     run moe_decode_gpu "${TEST_LIMIT:-200}" "${PYTEST[@]}" -m gpu tests/kernels/test_moe.py \
         -k "decode_kernels or overlap or cuda_graph"
     if [ -n "${NCU:-}" ]; then  # Nsight Compute on the bd kernel's two launches at T = 1 (default config)

@@ -512,6 +512,25 @@ DECODE_VARIANTS = [
 ]  # a 2026-12-01 run also timed the routed branch on a stream of higher priority: no gain (launcher._candidates)
 
 
+def batch_tiles(out_dir: str, tokens=(4, 8, 16, 32, 64)) -> None:
+    """The decode kernel's scale_w form (launcher.SW_TILES, blocks of 16 or 32 rows) beside the forms the
+    batch buckets used before it (1-row bd blocks, the tensor-core tiles), as decode_sweep times them.
+    Writes batch_tiles.json."""
+    bd = {"block_m": 1, "kernel": "bd", "shared": "triton", "overlap": True, **moe_launcher.BD_GEMMS}
+
+    def configs(T: int) -> list[tuple[str, dict]]:
+        out = [("default", moe_launcher.select_config(None, T)), ("bd 1-row", bd), ("mma", BATCH_MMA)]
+        for g1, g2 in moe_launcher.SW_TILES:
+            name = f"scale_w g1 {g1['block_n']}x{g1['block_k']} g2 {g2['block_n']}x{g2['block_k']}"
+            out.append((name, moe_launcher.sw_config(g1, g2)))
+        out.append(("scale_w 32-row blocks", moe_launcher.sw_config(*moe_launcher.SW_TILES[0], block_m=32)))
+        out.append(("scale_w serial", moe_launcher.sw_config(*moe_launcher.SW_TILES[0], overlap=False)))
+        out.append(("scale_w g1 8 warps", moe_launcher.sw_config({"num_warps": 8}, {})))
+        return out
+
+    decode_sweep(configs, tokens, os.path.join(out_dir, "batch_tiles.json"))
+
+
 def decode_tiles(out_dir: str, tokens=(1, 4, 8)) -> None:
     """DECODE_VARIANTS at T tokens, as decode_sweep times them. Writes decode_tiles.json."""
 
@@ -568,6 +587,11 @@ def main():
         "--decode-tiles", metavar="T,T", help="time DECODE_VARIANTS (the op and its routed GEMMs) and exit"
     )
     ap.add_argument(
+        "--batch-tiles",
+        metavar="T,T",
+        help="time the scale_w decode tiles beside the earlier forms, and exit",
+    )
+    ap.add_argument(
         "--overlap", metavar="T,T", help="time the op serial and with the shared experts overlapped, and exit"
     )
     ap.add_argument(
@@ -581,6 +605,10 @@ def main():
     if args.decode_tiles:
         os.makedirs(args.out, exist_ok=True)
         decode_tiles(args.out, tuple(int(t) for t in args.decode_tiles.split(",")))
+        return
+    if args.batch_tiles:
+        os.makedirs(args.out, exist_ok=True)
+        batch_tiles(args.out, tuple(int(t) for t in args.batch_tiles.split(",")))
         return
     if args.overlap:
         os.makedirs(args.out, exist_ok=True)

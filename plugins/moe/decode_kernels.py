@@ -161,9 +161,21 @@ def _bd_operand(
 
 
 @triton.jit
-def _e2m1_k_step_f16(words, ROWS: tl.constexpr, W: tl.constexpr):
+def _word_scales(ptrs, row_mask, ROWS: tl.constexpr, KB: tl.constexpr):
+    """A K step's block scales [ROWS, KB] (E4M3, contiguous per row) as fp16 [ROWS, 2 KB], one a word of
+    codes (word j lies in block j // 2). Loaded small and broadcast after: the compiler then moves the
+    scales, not the decoded codes, into the dot operand's register layout (multiplying the codes by a
+    [ROWS, 2 KB] load sent the whole operand through shared memory, 288 stores a thread and step)."""
+    s = tl.load(ptrs, mask=row_mask[:, None], other=0.0).to(tl.float16)
+    return tl.reshape(tl.broadcast_to(s[:, :, None], (ROWS, KB, 2)), (ROWS, 2 * KB))
+
+
+@triton.jit
+def _e2m1_k_step_f16(words, ROWS: tl.constexpr, W: tl.constexpr, scale=None):
     """A K step's codes [ROWS, W] uint32 as the fp16 operand [ROWS, 8W] of ONE_DOT's K order: the four
-    `_e2m1_pair_f16` pieces side by side, piece P at columns 2PW .. 2(P+1)W - 1."""
+    `_e2m1_pair_f16` pieces side by side, piece P at columns 2PW .. 2(P+1)W - 1. scale (fp16 [ROWS, W], each
+    word's block scale): the codes times their scales, still exact in fp16 (E2M1 * E4M3 * 2^-14 has at most
+    6 significant bits, none below 2^-24, and stays under 0.17)."""
     lo0, hi0 = _e2m1_pair_f16(words, 0)
     lo1, hi1 = _e2m1_pair_f16(words, 1)
     lo2, hi2 = _e2m1_pair_f16(words, 2)
@@ -171,7 +183,13 @@ def _e2m1_k_step_f16(words, ROWS: tl.constexpr, W: tl.constexpr):
     p0 = tl.join(tl.join(lo0, hi0), tl.join(lo1, hi1))  # [ROWS, W, 2(t), 2(P)]
     p1 = tl.join(tl.join(lo2, hi2), tl.join(lo3, hi3))
     x = tl.join(p0, p1)  # [ROWS, W, t, P % 2, P // 2]
-    return tl.reshape(tl.permute(x, (0, 4, 3, 1, 2)), (ROWS, 8 * W))
+    w = tl.reshape(tl.permute(x, (0, 4, 3, 1, 2)), (ROWS, 8 * W))
+    if scale is not None:
+        s2 = tl.join(scale, scale)
+        s4 = tl.join(s2, s2)
+        s8 = tl.join(s4, s4)
+        w = w * tl.reshape(tl.permute(s8, (0, 4, 3, 1, 2)), (ROWS, 8 * W))
+    return w
 
 
 @triton.jit
@@ -210,6 +228,7 @@ def moe_bd_kernel(
     ONE_DOT: tl.constexpr = False,  # the four nibble pieces of a K step in one dot of K = BLOCK_K
     N_FIRST: tl.constexpr = False,  # the grid's N tiles first, as moe_gemm_kernel's routed GEMMs
     PREFETCH_A: tl.constexpr = False,  # ONE_DOT, 1-row blocks: load the next step's activations a step ahead
+    SCALE_W: tl.constexpr = False,  # ONE_DOT, BLOCK_M >= 16: a block's rows are the dot's columns (below)
 ):
     """The decode form of moe_gemm_kernel on tensor cores (same blocks, same outputs).
 
@@ -225,14 +244,23 @@ def moe_bd_kernel(
     stores the float32 sums (global scale included) in part_ptr, and splitk_epilogue_kernel adds the splits
     in order and applies the SwiGLU or the route weight. At batch 1 the unsplit grid is a few hundred
     programs, about one wave and a sliver of an H200's SMs; smaller programs fill the waves.
+
+    SCALE_W drops the block-diagonal operand for blocks of 16 or more rows (one expert's rows of a batch or a
+    verify): the decoded codes are multiplied by their block scales in fp16 (exact, `_e2m1_k_step_f16`) and
+    the dot's columns are the block's rows themselves, so an expert's weights are read once for all of its
+    rows and the dot is as wide as the block, whatever the scale blocks.
     """
     tl.static_assert(ROUTED and NVFP4, "moe_bd_kernel: NVFP4 routed experts only")
     tl.static_assert(K % (SPLIT_K * BLOCK_K) == 0, "moe_bd_kernel: K must split into whole K steps")
     K_SPLIT: tl.constexpr = K // SPLIT_K
     k_lo = tl.program_id(2) * K_SPLIT
+    tl.static_assert(
+        not SCALE_W or (ONE_DOT and BLOCK_M >= 16), "moe_bd_kernel: SCALE_W takes ONE_DOT, 16 rows"
+    )
     KB: tl.constexpr = BLOCK_K // 16  # scale blocks per K step
-    # The dot's columns: (block b, row m) -> b * BLOCK_M + m, padded with empty blocks to 16 columns.
-    KBP: tl.constexpr = KB if KB * BLOCK_M >= 16 else 16 // BLOCK_M
+    # The dot's columns: (block b, row m) -> b * BLOCK_M + m, padded with empty blocks to 16 columns
+    # (SCALE_W: the rows m alone).
+    KBP: tl.constexpr = 1 if SCALE_W else (KB if KB * BLOCK_M >= 16 else 16 // BLOCK_M)
     C: tl.constexpr = KBP * BLOCK_M
     W: tl.constexpr = BLOCK_K // 8  # uint32 words of codes per row and K step
     pid_m, pid_n = _program_ids(N_FIRST)
@@ -286,6 +314,9 @@ def moe_bd_kernel(
         s_mask = r_mask[:, None]  # a row's scales of the step are contiguous: one vector load
     else:
         s_mask = r_mask[:, None] & (offs_c // BLOCK_M < KB)[None, :]
+    sk_rows = (
+        ws_base + w_row[:, None] * stride_wsn + tl.arange(0, KB)[None, :]
+    )  # SCALE_W: the step's KB scales
     # fp16 holds |a| < 65504: a row whose largest |value| reaches 2^15 goes to the dot scaled down by a
     # power of two (exact), and its sums are scaled back up in float32. Rows in range are left as they are.
     if BLOCK_M == 1:
@@ -319,38 +350,52 @@ def moe_bd_kernel(
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_lo + k_step
         g_words = tl.load(w_rows + k0 // 8, mask=r_mask[:, None], other=0)
-        g_scale = tl.load(s_rows + k0 // 16, mask=s_mask, other=0.0).to(tl.float32)
         if GATED and not STACKED:
             u_words = tl.load(w_rows + N * (stride_wn // 4) + k0 // 8, mask=n_mask[:, None], other=0)
-            u_scale = tl.load(s_rows + N * stride_wsn + k0 // 16, mask=s_mask, other=0.0).to(tl.float32)
-        if ONE_DOT:
-            # k = (P * W + j) * 2 + t: piece P's pairs side by side along K, so one operand build, one
-            # barrier and one wgmma wait per K step instead of four.
-            if PREFETCH:
-                a_vals = a_next
-                k_ahead = tl.minimum(k0 + BLOCK_K, k_lo + K_SPLIT - BLOCK_K)  # the last step reloads its own
-                a_next = tl.load(a_base + k_ahead + col8)
-                a = _bd_operand(a_vals, m_valid, in_block8, in_block8_rows, a_mult, BLOCK_M, KBP, True, True)
-            else:
-                a_ptrs = a_base + k0 + col8
-                a = _bd_operand(a_ptrs, m_valid, in_block8, in_block8_rows, a_mult, BLOCK_M, KBP, True)
-            pg = tl.dot(_e2m1_k_step_f16(g_words, ROWS, W), a)
+        if SCALE_W:
+            x = tl.load(a_base + k0 + col8[None, :], mask=m_valid[:, None], other=0.0).to(tl.float32)
+            a = tl.trans((x * a_mult[:, None]).to(tl.float16))  # [8W, BLOCK_M]
+            g_sw = _word_scales(sk_rows + k0 // 16, r_mask, ROWS, KB)
+            acc = tl.dot(_e2m1_k_step_f16(g_words, ROWS, W, g_sw), a, acc)
             if GATED and not STACKED:
-                pu = tl.dot(_e2m1_k_step_f16(u_words, BLOCK_N, W), a)
+                u_sw = _word_scales(sk_rows + N * stride_wsn + k0 // 16, r_mask, BLOCK_N, KB)
+                acc_u = tl.dot(_e2m1_k_step_f16(u_words, BLOCK_N, W, u_sw), a, acc_u)
         else:
-            pg = tl.zeros([ROWS, C], dtype=tl.float32)
-            pu = tl.zeros([BLOCK_N, C], dtype=tl.float32)
-            for P in tl.static_range(4):
-                a_ptrs = a_base + (k0 + P) + col_k
-                a = _bd_operand(a_ptrs, m_valid, in_block, in_block_rows, a_mult, BLOCK_M, KBP, K_MAJOR_A)
-                lo, hi = _e2m1_pair_f16(g_words, P)
-                pg = tl.dot(tl.reshape(tl.join(lo, hi), (ROWS, 2 * W)), a, pg)
+            g_scale = tl.load(s_rows + k0 // 16, mask=s_mask, other=0.0).to(tl.float32)
+            if GATED and not STACKED:
+                u_scale = tl.load(s_rows + N * stride_wsn + k0 // 16, mask=s_mask, other=0.0).to(tl.float32)
+            if ONE_DOT:
+                # k = (P * W + j) * 2 + t: piece P's pairs side by side along K, so one operand build, one
+                # barrier and one wgmma wait per K step instead of four.
+                if PREFETCH:
+                    a_vals = a_next
+                    k_ahead = tl.minimum(
+                        k0 + BLOCK_K, k_lo + K_SPLIT - BLOCK_K
+                    )  # the last step reloads its own
+                    a_next = tl.load(a_base + k_ahead + col8)
+                    a = _bd_operand(
+                        a_vals, m_valid, in_block8, in_block8_rows, a_mult, BLOCK_M, KBP, True, True
+                    )
+                else:
+                    a_ptrs = a_base + k0 + col8
+                    a = _bd_operand(a_ptrs, m_valid, in_block8, in_block8_rows, a_mult, BLOCK_M, KBP, True)
+                pg = tl.dot(_e2m1_k_step_f16(g_words, ROWS, W), a)
                 if GATED and not STACKED:
-                    lo, hi = _e2m1_pair_f16(u_words, P)
-                    pu = tl.dot(tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * W)), a, pu)
-        acc += pg * g_scale
-        if GATED and not STACKED:
-            acc_u += pu * u_scale
+                    pu = tl.dot(_e2m1_k_step_f16(u_words, BLOCK_N, W), a)
+            else:
+                pg = tl.zeros([ROWS, C], dtype=tl.float32)
+                pu = tl.zeros([BLOCK_N, C], dtype=tl.float32)
+                for P in tl.static_range(4):
+                    a_ptrs = a_base + (k0 + P) + col_k
+                    a = _bd_operand(a_ptrs, m_valid, in_block, in_block_rows, a_mult, BLOCK_M, KBP, K_MAJOR_A)
+                    lo, hi = _e2m1_pair_f16(g_words, P)
+                    pg = tl.dot(tl.reshape(tl.join(lo, hi), (ROWS, 2 * W)), a, pg)
+                    if GATED and not STACKED:
+                        lo, hi = _e2m1_pair_f16(u_words, P)
+                        pu = tl.dot(tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * W)), a, pu)
+            acc += pg * g_scale
+            if GATED and not STACKED:
+                acc_u += pu * u_scale
     # Sum the blocks' partial sums: [BLOCK_N, KB, BLOCK_M] -> [BLOCK_N, BLOCK_M], times the global
     # scale and 2^14 (the codes' fp16 placement).
     if BLOCK_M == 1:

@@ -35,6 +35,29 @@ BD_GEMMS_T1 = {
     "gemm2": {**BD_GEMMS["gemm2"], "maxnreg": 96},
 }
 
+# moe_bd_kernel's scale_w form for batches (blocks of 16 rows of one expert as the dot's columns, the codes
+# times their block scales before the dot): an expert's weights are read once for all its rows of the call.
+SW_GEMMS = {
+    "gemm1": {**BD_TILE, "stack_gu": True, "one_dot": True, "scale_w": True},
+    "gemm2": {**BD_TILE, "one_dot": True, "scale_w": True},
+}
+# Its tiles worth timing (bench.sm90_moe, sm_90 on the CPU: K-step SASS per thread, registers, programs an
+# SM): GEMM 1 on 64 / 32 rows of W (128 / 64 stacked) 1,032 / 642 instructions, 255 / 128 registers, 2 / 4
+# programs; GEMM 2 on 64 rows with block_k 256 / 128: 640 / 348, 3 / 5 programs (32 rows fall off wgmma).
+SW_TILES = [
+    ({"block_n": 64, "block_k": 256}, {"block_n": 64, "block_k": 256}),
+    ({"block_n": 32, "block_k": 256}, {"block_n": 64, "block_k": 256}),
+    ({"block_n": 32, "block_k": 256}, {"block_n": 64, "block_k": 128, "num_stages": 4}),
+    ({"block_n": 64, "block_k": 128, "num_stages": 4}, {"block_n": 64, "block_k": 128, "num_stages": 4}),
+]
+
+
+def sw_config(g1: dict, g2: dict, block_m: int = 16, **top) -> dict:
+    """A scale_w config: SW_GEMMS with GEMM 1's and GEMM 2's tile keys replaced by g1's and g2's."""
+    return {"block_m": block_m, "kernel": "bd", "shared": "triton", "overlap": True, **top,
+            "gemm1": {**SW_GEMMS["gemm1"], **g1}, "gemm2": {**SW_GEMMS["gemm2"], **g2}}  # fmt: skip
+
+
 # One config per bucket of T (tokens per call). block_m is shared by both GEMMs (it sets the row
 # alignment); each GEMM has its own N/K tiles, warps and pipeline stages. "kernel": "gemv" (decode
 # only: a few rows per block on CUDA cores) instead of the tensor-core "mma" default.
@@ -165,6 +188,7 @@ def _gemm(
             K_MAJOR_A=bool(cfg.get("k_major_a", False)),
             ONE_DOT=bool(cfg.get("one_dot", False)),
             PREFETCH_A=bool(cfg.get("prefetch_a", False)),
+            SCALE_W=bool(cfg.get("scale_w", False)),
             N_FIRST=n_first,
             **tiles,
         )
@@ -594,6 +618,13 @@ def _candidates(T: int) -> list[dict]:
         # each row's activations once a step since then cut 1,312 instructions a step to 1,053 at 2 rows, and
         # 2 rows still took 3 times as long as one at T = 1 and 4: _batch1_candidates says why).
         out.append({"block_m": 1, "kernel": "bd", "shared": "triton", **BD_GEMMS})
+    if 1 < T <= 128:
+        # scale_w: one expert's rows as the dot's columns, its weights read once for all of them (the bd
+        # form above reads them once a row: at T = 8 on the H100, 21 experts for 48 rows, GEMM 1 took
+        # 385 us against a 103 us bound, and the tensor-core tiles at T = 64 reached 29% of the bandwidth)
+        out += [sw_config(g1, g2) for g1, g2 in SW_TILES]
+        if T > 16:
+            out.append(sw_config(*SW_TILES[0], block_m=32))
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (_run's docstring), for the decode kernels and the small tensor-core tiles
         out += [

@@ -152,6 +152,24 @@ def test_block_diagonal_decode(T, block_m, block_k, scale, stack, k_major, one_d
     assert_close(run_op(x, layer, 6, table_of(cfg)), want)  # float32 through the op: the GEMV
 
 
+@pytest.mark.parametrize(
+    "T, block_m, block_k, scale, stack, split",
+    [(33, 16, 128, 2.0**17, True, 1), (5, 16, 256, 1.0, False, 2), (70, 32, 64, 1.0, True, 1)],
+    ids=["33-rows-stacked-2e17", "5-rows-split", "70-rows-32"],
+)
+def test_scaled_weight_decode(T, block_m, block_k, scale, stack, split):
+    """The decode kernel's `scale_w` form: blocks of 16 or 32 rows of one expert as the dot's columns, the
+    codes multiplied by their block scales in fp16 before the dot. At T = 33 and 70 experts hold several
+    blocks and partly filled ones, at T = 5 one or two rows each; 2^17 exceeds fp16's range, which the rows'
+    power-of-two scaling must absorb; a wrong scale block for a word is off by most of the output."""
+    layer = make_layer(**SMALL, seed=20 + T)
+    x = tokens(T, SMALL["H"], seed=T).half().float() * scale
+    g = {"block_n": 16, "block_k": block_k, "num_warps": 4, "num_stages": 2, "one_dot": True, "scale_w": True,
+         "split_k": split}  # fmt: skip
+    cfg = {"block_m": block_m, "kernel": "bd", "gemm1": {**g, "stack_gu": stack}, "gemm2": dict(g)}
+    assert_close(launcher.sigmoid_sink_moe(*moe_args(x, layer, 6), config=cfg), spec_moe(x, layer, 6), 1.5e-3)
+
+
 def test_fit_split():
     assert [launcher._fit_split(s, 24) for s in (1, 2, 3, 4, 5, 7, 48)] == [1, 2, 3, 4, 4, 6, 24]
     assert launcher._fit_split(3, 2) == 2 and launcher._fit_split(0, 12) == 1
