@@ -519,10 +519,25 @@ def batch_tiles(out_dir: str, tokens=(4, 8, 16, 32, 64)) -> None:
     bd = {"block_m": 1, "kernel": "bd", "shared": "triton", "overlap": True, **moe_launcher.BD_GEMMS}
 
     def configs(T: int) -> list[tuple[str, dict]]:
-        out = [("default", moe_launcher.select_config(None, T)), ("bd 1-row", bd), ("mma", BATCH_MMA)]
+        base = moe_launcher.select_config(None, T)
+        if T == 1:  # batch 1's default with activations stored in ONE_DOT's K order (perm_a)
+            perm = {"perm_a": True}
+            return [
+                ("default", base),
+                ("gemm1 perm_a", {**base, "gemm1": {**base["gemm1"], **perm}}),
+                ("gemm2 perm_a", {**base, "gemm2": {**base["gemm2"], **perm}}),
+                (
+                    "both perm_a",
+                    {**base, "gemm1": {**base["gemm1"], **perm}, "gemm2": {**base["gemm2"], **perm}},
+                ),
+            ]
+        out = [("default", base), ("bd 1-row", bd), ("mma", BATCH_MMA)]
         for g1, g2 in moe_launcher.SW_TILES:
             name = f"scale_w g1 {g1['block_n']}x{g1['block_k']} g2 {g2['block_n']}x{g2['block_k']}"
             out.append((name, moe_launcher.sw_config(g1, g2)))
+            out.append(
+                (name + " perm_a", moe_launcher.sw_config({**g1, "perm_a": True}, {**g2, "perm_a": True}))
+            )
         out.append(("scale_w 32-row blocks", moe_launcher.sw_config(*moe_launcher.SW_TILES[0], block_m=32)))
         out.append(("scale_w serial", moe_launcher.sw_config(*moe_launcher.SW_TILES[0], overlap=False)))
         out.append(("scale_w g1 8 warps", moe_launcher.sw_config({"num_warps": 8}, {})))

@@ -161,6 +161,25 @@ def _bd_operand(
 
 
 @triton.jit
+def _one_dot_position(n, BK: tl.constexpr):
+    """Where column n of a row lies when every K step of BK columns is stored in ONE_DOT's K order (BK 0:
+    columns in their own order). Column c = 8j + P + 4t of a step goes to position (P * W + j) * 2 + t, so a
+    K step's activations load contiguously, piece P of the four at positions 2PW .. 2(P+1)W - 1."""
+    if BK:
+        c = n % BK
+        n = n - c + ((c % 4) * (BK // 8) + c // 8) * 2 + (c // 4) % 2
+    return n
+
+
+@triton.jit
+def one_dot_order_kernel(x_ptr, stride_x, y_ptr, stride_y, BK: tl.constexpr):
+    """y = x with each K step of BK columns in ONE_DOT's K order (`_one_dot_position`); grid (rows, K / BK)."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BK + tl.arange(0, BK)
+    tl.store(y_ptr + row * stride_y + _one_dot_position(c, BK), tl.load(x_ptr + row * stride_x + c))
+
+
+@triton.jit
 def _word_scales(ptrs, row_mask, ROWS: tl.constexpr, KB: tl.constexpr):
     """A K step's block scales [ROWS, KB] (E4M3, contiguous per row) as fp16 [ROWS, 2 KB], one a word of
     codes (word j lies in block j // 2). Loaded small and broadcast after: the compiler then moves the
@@ -229,6 +248,8 @@ def moe_bd_kernel(
     N_FIRST: tl.constexpr = False,  # the grid's N tiles first, as moe_gemm_kernel's routed GEMMs
     PREFETCH_A: tl.constexpr = False,  # ONE_DOT, 1-row blocks: load the next step's activations a step ahead
     SCALE_W: tl.constexpr = False,  # ONE_DOT, BLOCK_M >= 16: a block's rows are the dot's columns (below)
+    PERM_A: tl.constexpr = False,  # the activations' K steps stored in ONE_DOT's K order (one_dot_order_kernel)
+    PERM_OUT: tl.constexpr = 0,  # store the output's columns in ONE_DOT's order of K steps of PERM_OUT
 ):
     """The decode form of moe_gemm_kernel on tensor cores (same blocks, same outputs).
 
@@ -249,6 +270,10 @@ def moe_bd_kernel(
     verify): the decoded codes are multiplied by their block scales in fp16 (exact, `_e2m1_k_step_f16`) and
     the dot's columns are the block's rows themselves, so an expert's weights are read once for all of its
     rows and the dot is as wide as the block, whatever the scale blocks.
+
+    ONE_DOT's K order gathers a K step's activations two bytes at a time, which the pipeline cannot load
+    ahead. PERM_A reads activations stored in that order (each K step permuted: x by one_dot_order_kernel,
+    GEMM 1's output h by GEMM 1 itself through PERM_OUT), so a step's row loads contiguously.
     """
     tl.static_assert(ROUTED and NVFP4, "moe_bd_kernel: NVFP4 routed experts only")
     tl.static_assert(K % (SPLIT_K * BLOCK_K) == 0, "moe_bd_kernel: K must split into whole K steps")
@@ -298,6 +323,9 @@ def moe_bd_kernel(
     offs_k8 = tl.arange(0, 8 * W)
     j8 = (offs_k8 // 2) % W
     col8 = 8 * j8 + (offs_k8 // (2 * W)) + 4 * (offs_k8 % 2)
+    if PERM_A:  # where the activations of those K indices lie in the step
+        col8 = offs_k8
+        col_k = offs_k
     in_block8 = (j8 // 2)[:, None] == (offs_c // BLOCK_M)[None, :]  # [8W, C]
     in_block8_rows = (j8 // 2)[None, :] == offs_b[:, None]  # [KBP, 8W]
     r0 = tl.load(sorted_rows_ptr + pid_m * BLOCK_M).to(tl.int64)  # a used block's first row
@@ -386,7 +414,7 @@ def moe_bd_kernel(
                 pg = tl.zeros([ROWS, C], dtype=tl.float32)
                 pu = tl.zeros([BLOCK_N, C], dtype=tl.float32)
                 for P in tl.static_range(4):
-                    a_ptrs = a_base + (k0 + P) + col_k
+                    a_ptrs = a_base + (k0 + (2 * W * P if PERM_A else P)) + col_k
                     a = _bd_operand(a_ptrs, m_valid, in_block, in_block_rows, a_mult, BLOCK_M, KBP, K_MAJOR_A)
                     lo, hi = _e2m1_pair_f16(g_words, P)
                     pg = tl.dot(tl.reshape(tl.join(lo, hi), (ROWS, 2 * W)), a, pg)
@@ -423,7 +451,7 @@ def moe_bd_kernel(
     else:
         out = gate * tl.load(route_w_ptr + rows, mask=offs_m < count, other=0.0)[None, :]
     tl.store(
-        out_ptr + rows[None, :] * stride_ot + offs_n[:, None],
+        out_ptr + rows[None, :] * stride_ot + _one_dot_position(offs_n, PERM_OUT)[:, None],
         out.to(out_ptr.dtype.element_ty),
         mask=store_mask,
     )
@@ -447,6 +475,7 @@ def splitk_epilogue_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PERM_OUT: tl.constexpr = 0,  # as moe_bd_kernel's
 ):
     """moe_bd_kernel's output from its SPLIT_K partial sums, over the same blocks and N tiles: the splits
     added in their order (the same sum on every run), then GEMM 1's SwiGLU or GEMM 2's route weight."""
@@ -472,5 +501,7 @@ def splitk_epilogue_kernel(
     else:
         out = gate * tl.load(route_w_ptr + rows, mask=offs_m < count, other=0.0)[:, None]
     tl.store(
-        out_ptr + rows[:, None] * stride_ot + offs_n[None, :], out.to(out_ptr.dtype.element_ty), mask=mask
+        out_ptr + rows[:, None] * stride_ot + _one_dot_position(offs_n, PERM_OUT)[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=mask,
     )

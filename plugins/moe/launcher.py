@@ -145,7 +145,11 @@ def _gemm(
     gated,
     grid_m,
     kernel,
+    perm_out=0,
 ):
+    """One GEMM launch (two for a split "bd" reduction). "bd" with perm_a reads `a` with each K step in
+    ONE_DOT's K order; perm_out ("bd"): out's columns stored in the ONE_DOT order of K steps of perm_out,
+    for a GEMM 2 that reads them with perm_a."""
     sorted_rows, expert_ids, block_rows, route_w = route
     block_k = _fit_k(min(cfg["block_k"], K), K)
     dummy = w  # unused pointer arguments of a variant
@@ -189,6 +193,8 @@ def _gemm(
             ONE_DOT=bool(cfg.get("one_dot", False)),
             PREFETCH_A=bool(cfg.get("prefetch_a", False)),
             SCALE_W=bool(cfg.get("scale_w", False)),
+            PERM_A=bool(cfg.get("perm_a", False)),
+            PERM_OUT=perm_out,
             N_FIRST=n_first,
             **tiles,
         )
@@ -196,7 +202,8 @@ def _gemm(
             block_n = 256
             decode_kernels.splitk_epilogue_kernel[(grid_m, triton.cdiv(N, block_n))](
                 part, part.stride(0), out, out.stride(0), *route, num_tokens, N,
-                TOP_K=top_k, KS=KS, GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split, num_warps=4,
+                TOP_K=top_k, KS=KS, GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split, PERM_OUT=perm_out,
+                num_warps=4,
             )  # fmt: skip
     else:
         # NVFP4 codes decoded by byte lookups (kernels._weight_tile_prmt): bf16 on CUDA, unless a config says
@@ -399,8 +406,20 @@ def launches(
         **common,
     )
 
+    # "bd" with perm_a: a GEMM's activations with each K step in ONE_DOT's K order, contiguous loads (x
+    # permuted here, h stored so by GEMM 1)
+    perm1, perm2 = (kernel == "bd" and bool(g.get("perm_a", False)) for g in (g1, g2))
+    perm_h = _fit_k(min(g2["block_k"], I), I) if perm2 else 0
+
     def gemm1_routed():
-        _gemm(x, w13, w13_scale, w13_scale_2, h, N=I, K=H, cfg=g1, gated=True, **routed)
+        a = x
+        if perm1:
+            bk = _fit_k(min(g1["block_k"], H), H)
+            a = torch.empty_like(x)
+            decode_kernels.one_dot_order_kernel[(T, H // bk)](
+                x, x.stride(0), a, a.stride(0), BK=bk, num_warps=4
+            )
+        _gemm(a, w13, w13_scale, w13_scale_2, h, N=I, K=H, cfg=g1, gated=True, perm_out=perm_h, **routed)
 
     def gemm1_shared():
         _gemm(x, shared_w13, None, None, h, N=IS, K=H, cfg=g1, gated=True, **dense)
@@ -519,6 +538,8 @@ def _batch1_candidates(best: dict) -> list[dict]:
         (pf1, pf2),
         (BD_GEMMS_T1["gemm1"], BD_GEMMS_T1["gemm2"]),  # batch 1's default
         (BD_GEMMS_T1["gemm1"], {**best["gemm2"], "maxnreg": 80}),
+        ({**BD_GEMMS_T1["gemm1"], "perm_a": True}, {**BD_GEMMS_T1["gemm2"], "perm_a": True}),
+        ({**BD_GEMMS_T1["gemm1"], "perm_a": True}, BD_GEMMS_T1["gemm2"]),
     ]:
         out.append({**best, "gemm1": g1, "gemm2": g2})
     # Not candidates: blocks of 2 and 4 rows, which read an expert's weights once for its rows. The dot's
@@ -623,6 +644,7 @@ def _candidates(T: int) -> list[dict]:
         # form above reads them once a row: at T = 8 on the H100, 21 experts for 48 rows, GEMM 1 took
         # 385 us against a 103 us bound, and the tensor-core tiles at T = 64 reached 29% of the bandwidth)
         out += [sw_config(g1, g2) for g1, g2 in SW_TILES]
+        out += [sw_config({**g1, "perm_a": True}, {**g2, "perm_a": True}) for g1, g2 in SW_TILES]
         if T > 16:
             out.append(sw_config(*SW_TILES[0], block_m=32))
     if T <= 128:

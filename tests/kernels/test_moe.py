@@ -153,21 +153,61 @@ def test_block_diagonal_decode(T, block_m, block_k, scale, stack, k_major, one_d
 
 
 @pytest.mark.parametrize(
-    "T, block_m, block_k, scale, stack, split",
-    [(33, 16, 128, 2.0**17, True, 1), (5, 16, 256, 1.0, False, 2), (70, 32, 64, 1.0, True, 1)],
-    ids=["33-rows-stacked-2e17", "5-rows-split", "70-rows-32"],
+    "T, block_m, block_k, scale, stack, split, perm",
+    [
+        (33, 16, 128, 2.0**17, True, 1, False),
+        (5, 16, 256, 1.0, False, 2, True),
+        (70, 32, 64, 1.0, True, 1, False),
+    ],
+    ids=["33-rows-stacked-2e17", "5-rows-split-perm", "70-rows-32"],
 )
-def test_scaled_weight_decode(T, block_m, block_k, scale, stack, split):
+def test_scaled_weight_decode(T, block_m, block_k, scale, stack, split, perm):
     """The decode kernel's `scale_w` form: blocks of 16 or 32 rows of one expert as the dot's columns, the
     codes multiplied by their block scales in fp16 before the dot. At T = 33 and 70 experts hold several
     blocks and partly filled ones, at T = 5 one or two rows each; 2^17 exceeds fp16's range, which the rows'
-    power-of-two scaling must absorb; a wrong scale block for a word is off by most of the output."""
+    power-of-two scaling must absorb; a wrong scale block for a word is off by most of the output. `perm`:
+    both GEMMs' activations stored in ONE_DOT's K order (x permuted, h so written by GEMM 1 and its split
+    reduction's epilogue)."""
     layer = make_layer(**SMALL, seed=20 + T)
     x = tokens(T, SMALL["H"], seed=T).half().float() * scale
     g = {"block_n": 16, "block_k": block_k, "num_warps": 4, "num_stages": 2, "one_dot": True, "scale_w": True,
-         "split_k": split}  # fmt: skip
+         "split_k": split, "perm_a": perm}  # fmt: skip
     cfg = {"block_m": block_m, "kernel": "bd", "gemm1": {**g, "stack_gu": stack}, "gemm2": dict(g)}
     assert_close(launcher.sigmoid_sink_moe(*moe_args(x, layer, 6), config=cfg), spec_moe(x, layer, 6), 1.5e-3)
+
+
+@pytest.mark.parametrize(
+    "one_dot, k_major, split, prefetch",
+    [(True, False, 2, True), (False, True, 1, False)],
+    ids=["one-dot", "pieces"],
+)
+def test_one_dot_order_decode(one_dot, k_major, split, prefetch):
+    """perm_a on 1-row blocks: one_dot's activations (prefetched, split K) and the four-piece dots' read from
+    activations stored in ONE_DOT's K order, GEMM 1's x and GEMM 2's h (a misplaced activation column
+    meets another code: off by the whole output)."""
+    layer = make_layer(**SMALL, seed=23)
+    x = tokens(2, SMALL["H"], seed=3).half().float() * 2.0**17
+    g = {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2, "one_dot": one_dot, "k_major_a": k_major,
+         "split_k": split, "prefetch_a": prefetch, "perm_a": True}  # fmt: skip
+    cfg = {"block_m": 1, "kernel": "bd", "gemm1": {**g, "stack_gu": True}, "gemm2": dict(g)}
+    assert_close(launcher.sigmoid_sink_moe(*moe_args(x, layer, 6), config=cfg), spec_moe(x, layer, 6), 1.5e-3)
+
+
+def test_one_dot_order_kernel():
+    """one_dot_order_kernel puts column 8j + P + 4t of each K step at (P * W + j) * 2 + t."""
+    from plugins.moe import decode_kernels
+
+    BK, T, K = 64, 3, 192
+    x = torch.arange(T * K, dtype=torch.float32, device=DEVICE).view(T, K)
+    y = torch.empty_like(x)
+    decode_kernels.one_dot_order_kernel[(T, K // BK)](x, x.stride(0), y, y.stride(0), BK=BK)
+    W = BK // 8
+    pos = [(c % 4 * W + c // 8) * 2 + c // 4 % 2 for c in range(BK)]
+    assert sorted(pos) == list(range(BK))
+    want = torch.empty_like(x)
+    for s in range(K // BK):
+        want[:, s * BK + torch.tensor(pos)] = x[:, s * BK : (s + 1) * BK]
+    assert torch.equal(y, want)
 
 
 def test_fit_split():
