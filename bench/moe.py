@@ -363,7 +363,9 @@ def launch_times(args: tuple, cfg: dict, want: torch.Tensor, keep) -> tuple[floa
 # tune()'s pick at T = 64 in the 2026-12-01 e2e build (bench/results/gpu-2026-12-01/bench-decode/, 3.68 ms):
 # the default tiles of T = 64's bucket, the shared experts through cuBLAS on the side stream
 BATCH_MMA = {
-    **{k: v for k, v in moe_launcher.select_config(None, 64).items() if k != "max_tokens"},
+    "block_m": 16,
+    "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
+    "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
     "shared": "torch",
     "overlap": True,
 }
@@ -513,9 +515,9 @@ DECODE_VARIANTS = [
 
 
 def batch_tiles(out_dir: str, tokens=(4, 8, 16, 32, 64)) -> None:
-    """The decode kernel's scale_w form (launcher.SW_TILES, blocks of 16 or 32 rows) beside the forms the
-    batch buckets used before it (1-row bd blocks, the tensor-core tiles), as decode_sweep times them.
-    Writes batch_tiles.json."""
+    """The decode kernel's scale_w form (launcher.SW_TILES) beside the forms the batch buckets used before it
+    (1-row bd blocks, the tensor-core tiles), as decode_sweep times them; at T = 1, batch 1's default with
+    perm_a. Writes batch_tiles.json."""
     bd = {"block_m": 1, "kernel": "bd", "shared": "triton", "overlap": True, **moe_launcher.BD_GEMMS}
 
     def configs(T: int) -> list[tuple[str, dict]]:
@@ -535,12 +537,8 @@ def batch_tiles(out_dir: str, tokens=(4, 8, 16, 32, 64)) -> None:
         for g1, g2 in moe_launcher.SW_TILES:
             name = f"scale_w g1 {g1['block_n']}x{g1['block_k']} g2 {g2['block_n']}x{g2['block_k']}"
             out.append((name, moe_launcher.sw_config(g1, g2)))
-            out.append(
-                (name + " perm_a", moe_launcher.sw_config({**g1, "perm_a": True}, {**g2, "perm_a": True}))
-            )
-        out.append(("scale_w 32-row blocks", moe_launcher.sw_config(*moe_launcher.SW_TILES[0], block_m=32)))
-        out.append(("scale_w serial", moe_launcher.sw_config(*moe_launcher.SW_TILES[0], overlap=False)))
-        out.append(("scale_w g1 8 warps", moe_launcher.sw_config({"num_warps": 8}, {})))
+        gathered = {"perm_a": False}  # the activations gathered in the kernel's K order instead
+        out.append(("scale_w default, gathered", moe_launcher.sw_config(gathered, gathered)))
         return out
 
     decode_sweep(configs, tokens, os.path.join(out_dir, "batch_tiles.json"))

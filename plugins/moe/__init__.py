@@ -70,7 +70,7 @@ def sigmoid_sink_moe(
         config = launcher.select_config(launcher.parse_table(tile_configs), x.shape[0])
         if config.get("kernel") == "bd" and x.dtype == torch.float32:
             # bd hands the tensor cores fp16 activations: a float32 network keeps its precision on the GEMV
-            config = {**config, "kernel": "gemv"}
+            config = launcher.without_bd(config)
         return launcher.sigmoid_sink_moe(
             x, gate, gate_bias, gate_scale, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13,
             shared_w2, route_scale, top_k, config=config, expert_offset=offset, load=expert_load,

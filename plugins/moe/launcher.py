@@ -37,18 +37,25 @@ BD_GEMMS_T1 = {
 
 # moe_bd_kernel's scale_w form for batches (blocks of 16 rows of one expert as the dot's columns, the codes
 # times their block scales before the dot): an expert's weights are read once for all its rows of the call.
+# perm_a: both GEMMs' activations stored in the kernel's K order, so a K step's rows load contiguously.
 SW_GEMMS = {
-    "gemm1": {**BD_TILE, "stack_gu": True, "one_dot": True, "scale_w": True},
-    "gemm2": {**BD_TILE, "one_dot": True, "scale_w": True},
+    "gemm1": {**BD_TILE, "stack_gu": True, "one_dot": True, "scale_w": True, "perm_a": True},
+    "gemm2": {**BD_TILE, "one_dot": True, "scale_w": True, "perm_a": True},
 }
-# Its tiles worth timing (bench.sm90_moe, sm_90 on the CPU: K-step SASS per thread, registers, programs an
-# SM): GEMM 1 on 64 / 32 rows of W (128 / 64 stacked) 1,032 / 642 instructions, 255 / 128 registers, 2 / 4
-# programs; GEMM 2 on 64 rows with block_k 256 / 128: 640 / 348, 3 / 5 programs (32 rows fall off wgmma).
+# Its tiles (bench/moe.py --batch-tiles, H100, 2026-12-07, bench/results/gpu-2026-12-07/h100-batch-tiles/;
+# each routed GEMM timed alone at T = 4 / 8 / 16 / 32 / 64, us):
+#   GEMM 1 on 64 rows of W (128 stacked), block_k 256: 158 / 209 / 262 / 368 / 504 with perm_a, 170 / 233 /
+#     310 / 476 / 708 without; on 32 rows: 169 / 229 / 271 / 401 / 561; 64 x 128: 204 / 259 / 326 / 435 / 534;
+#   GEMM 2 on 64 rows, block_k 128: 99 / 125 / 154 / 217 / 300 with perm_a; block_k 256: 106 / 140 / 175 /
+#     256 / 359.
+# Before it, T = 8 read an expert's weights once a row (1-row bd blocks, 21 experts for 48 rows: GEMM 1 360
+# us) and T = 64 ran the tensor-core tiles (GEMM 1 689 us). Also measured and dropped: 32-row blocks (GEMM 2
+# 1.5-2.6x slower), GEMM 1 on 8 warps (15-75% slower), the shared experts serial (5-14% slower op). The pair
+# SW_GEMMS' tiles make (GEMM 1 64 x 256, GEMM 2 64 x 128) was timed one GEMM at a time, not as a whole op.
 SW_TILES = [
+    ({"block_n": 64, "block_k": 256}, {"block_n": 64, "block_k": 128, "num_stages": 4}),
     ({"block_n": 64, "block_k": 256}, {"block_n": 64, "block_k": 256}),
-    ({"block_n": 32, "block_k": 256}, {"block_n": 64, "block_k": 256}),
     ({"block_n": 32, "block_k": 256}, {"block_n": 64, "block_k": 128, "num_stages": 4}),
-    ({"block_n": 64, "block_k": 128, "num_stages": 4}, {"block_n": 64, "block_k": 128, "num_stages": 4}),
 ]
 
 
@@ -58,6 +65,22 @@ def sw_config(g1: dict, g2: dict, block_m: int = 16, **top) -> dict:
             "gemm1": {**SW_GEMMS["gemm1"], **g1}, "gemm2": {**SW_GEMMS["gemm2"], **g2}}  # fmt: skip
 
 
+SW_DEFAULT = sw_config(*SW_TILES[0])
+
+
+# The tensor-core GEMM's tiles for 16-row blocks: those of a scale_w config where "bd" cannot run.
+MMA_16 = {"block_m": 16, "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
+          "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}}  # fmt: skip
+
+
+def without_bd(cfg: dict) -> dict:
+    """A "bd" config where "bd" cannot run (a float32 network, toy widths): blocks of a few rows on the
+    GEMV, with their tiles; scale_w's blocks of 16 or more rows on the tensor-core GEMM (exact in float32)."""
+    if cfg["block_m"] >= 16:
+        return {**cfg, "kernel": "mma", **MMA_16}
+    return {**cfg, "kernel": "gemv"}
+
+
 # One config per bucket of T (tokens per call). block_m is shared by both GEMMs (it sets the row
 # alignment); each GEMM has its own N/K tiles, warps and pipeline stages. "kernel": "gemv" (decode
 # only: a few rows per block on CUDA cores) instead of the tensor-core "mma" default.
@@ -65,10 +88,8 @@ DEFAULT_TABLE: dict = {
     "version": 1,
     "buckets": [
         {"max_tokens": 1, "block_m": 1, "kernel": "bd", "overlap": True, **BD_GEMMS_T1},
-        {"max_tokens": 16, "block_m": 1, "kernel": "bd", "overlap": True, **BD_GEMMS},
-        {"max_tokens": 128, "block_m": 16,
-         "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
-         "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}},
+        {"max_tokens": 16, **SW_DEFAULT},
+        {"max_tokens": 128, **SW_DEFAULT},
         {"max_tokens": 1024, "block_m": 32,
          "gemm1": {"block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
          "gemm2": {"block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4}},
@@ -253,7 +274,7 @@ def sigmoid_launches(
     if not nvfp4 and (cfg.get("kernel", "mma") != "mma" or cfg["block_m"] < 16):
         cfg = BF16_ROUTED
     elif cfg.get("kernel") == "bd" and min(x.shape[1], shared_w2.shape[2]) < BD_MIN_K:
-        cfg = {**cfg, "kernel": "gemv"}  # toy widths
+        cfg = without_bd(cfg)  # toy widths
     router = SigmoidRouter(gate_bias, gate_scale, route_scale)
     y, parts = launches(
         x, gate, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, shared_w13, shared_w2, E, top_k,
@@ -644,9 +665,6 @@ def _candidates(T: int) -> list[dict]:
         # form above reads them once a row: at T = 8 on the H100, 21 experts for 48 rows, GEMM 1 took
         # 385 us against a 103 us bound, and the tensor-core tiles at T = 64 reached 29% of the bandwidth)
         out += [sw_config(g1, g2) for g1, g2 in SW_TILES]
-        out += [sw_config({**g1, "perm_a": True}, {**g2, "perm_a": True}) for g1, g2 in SW_TILES]
-        if T > 16:
-            out.append(sw_config(*SW_TILES[0], block_m=32))
     if T <= 128:
         # the shared experts on a side stream beside the routing and the routed GEMMs (_run's docstring), for the decode kernels and the small tensor-core tiles
         out += [
