@@ -559,11 +559,11 @@ def _batch1_candidates(best: dict) -> list[dict]:
         (pf1, pf2),
         (BD_GEMMS_T1["gemm1"], BD_GEMMS_T1["gemm2"]),  # batch 1's default
         (BD_GEMMS_T1["gemm1"], {**best["gemm2"], "maxnreg": 80}),
-        ({**BD_GEMMS_T1["gemm1"], "perm_a": True}, {**BD_GEMMS_T1["gemm2"], "perm_a": True}),
-        ({**BD_GEMMS_T1["gemm1"], "perm_a": True}, BD_GEMMS_T1["gemm2"]),
     ]:
         out.append({**best, "gemm1": g1, "gemm2": g2})
-    # Not candidates: blocks of 2 and 4 rows, which read an expert's weights once for its rows. The dot's
+    # Not candidates: the default with its activations in the kernel's K order (perm_a), which gained nothing
+    # here (H100, 2026-12-07, h100-batch-tiles/: the op 176.8 us, 175.7 with GEMM 1's, 177.6 with both);
+    # blocks of 2 and 4 rows, which read an expert's weights once for its rows. The dot's
     # columns are (scale block, row), so its tensor-core work grows with the rows while the weights stay:
     # at T = 1 GEMM 1 took 258 / 541 us against 82.5, at T = 4 585 / 1034 against 200 (same run).
     return out
