@@ -104,11 +104,11 @@ def grpc_stream(url: str, requests: list[tuple[str, list]], timeout: float = 120
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
+    done = 0
     try:
         for rid, ins in requests:
             client.async_stream_infer("ensemble", ins, request_id=rid)
         out: dict[str, list] = {rid: [] for rid, _ in requests}
-        done = 0
         deadline = time.monotonic() + timeout
         while done < len(requests):
             res, err = got.get(timeout=max(0.1, deadline - time.monotonic()))
@@ -118,7 +118,9 @@ def grpc_stream(url: str, requests: list[tuple[str, list]], timeout: float = 120
             done += bool(res.as_numpy("finish_reason")[0])
         return out
     finally:
-        client.stop_stream()
+        # After a failure, cancel what is still pending: closing the stream otherwise waits for every
+        # request to finish, and once hung the whole suite (a stuck stream seen once, on a loaded machine)
+        client.stop_stream(cancel_requests=done < len(requests))
         client.close()
 
 
