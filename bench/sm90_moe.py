@@ -2,6 +2,7 @@
 
     python -m bench.sm90_moe --out DIR [--tile 128,128,64,8,3[,maxnreg]] [--float32-decode]
     python -m bench.sm90_moe --out DIR --bd [--tile 1,64,256,4,3]     # the decode kernel at T = 1
+    python -m bench.sm90_moe --out DIR --sw                           # its scale_w form, batches' default
 
 Compiles `moe_gemm_kernel` (plugins/moe/kernels.py) for sm_90 at a prefill tile (block_m, block_n, block_k,
 warps, stages, and optionally a register cap per thread; tune()'s choice at T = 4096 on the H200 by default) as three launches of the real layer's
@@ -100,6 +101,27 @@ def compile_bd(gated: bool, N: int, K: int, tile: tuple[int, ...], flags: dict):
     return compile_sm90(decode_kernels.moe_bd_kernel, pointers, ints, (), constexprs, warps, stages)
 
 
+def sw_launches() -> dict:
+    """The batch buckets' default (launcher.SW_DEFAULT, the decode kernel's scale_w form on 16-row blocks) as
+    {name: (GATED, N, K, tile, flags)}."""
+    from plugins.moe import launcher
+
+    cfg = launcher.SW_DEFAULT
+    keys = {"stack_gu": "STACK_GU", "one_dot": "ONE_DOT", "scale_w": "SCALE_W", "perm_a": "PERM_A"}
+    out = {}
+    for name, gated, N, K in (("gemm1", True, I, H), ("gemm2", False, H, I)):
+        g = cfg[name]
+        tile = (cfg["block_m"], g["block_n"], g["block_k"], g["num_warps"], g["num_stages"])
+        out[f"{name} routed (scale_w, 16 rows)"] = (
+            gated,
+            N,
+            K,
+            tile,
+            {v: True for k, v in keys.items() if g.get(k)},
+        )
+    return out
+
+
 def programs_per_sm(registers: int, shared_bytes: int, warps: int) -> int:
     """How many programs an H100/H200 SM holds at once: 64K registers (allocated per warp in blocks of 256,
     i.e. per thread in multiples of 8), 228 KB of shared memory (1 KB of it reserved per program), 64 warps."""
@@ -138,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tile", help="block_m,block_n,block_k,warps,stages (default 128,128,64,8,3; with --bd 1,64,256,4,3)"
     )
     ap.add_argument("--bd", action="store_true", help="the decode kernel moe_bd_kernel's launches at T = 1")
+    ap.add_argument("--sw", action="store_true", help="the decode kernel's scale_w launches (batch default)")
     ap.add_argument(
         "--float32-decode",
         action="store_true",
@@ -154,17 +177,25 @@ def main(argv: list[str] | None = None) -> int:
     tile = tuple(int(v) for v in args.tile.split(","))
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    if args.bd:
+    if args.sw:  # name: (tile, compile)
         launches = {
-            name: lambda g=g, N=N, K=K, f=f: compile_bd(g, N, K, tile, f)
+            name: (t, lambda g=g, N=N, K=K, t=t, f=f: compile_bd(g, N, K, t, f))
+            for name, (g, N, K, t, f) in sw_launches().items()
+        }
+    elif args.bd:
+        launches = {
+            name: (tile, lambda g=g, N=N, K=K, f=f: compile_bd(g, N, K, tile, f))
             for name, (g, N, K, f) in BD_LAUNCHES.items()
         }
     else:
         launches = {
-            name: lambda nv=nv, g=g, N=N, K=K: compile_gemm(nv, g, N, K, tile, prmt=not args.float32_decode)
+            name: (
+                tile,
+                lambda nv=nv, g=g, N=N, K=K: compile_gemm(nv, g, N, K, tile, prmt=not args.float32_decode),
+            )
             for name, (nv, g, N, K) in LAUNCHES.items()
         }
-    for name, compile_launch in launches.items():
+    for name, (tile, compile_launch) in launches.items():
         compiled = compile_launch()
         body, total = loop_body_mix(compiled.asm["cubin"])
         row = {"launch": name, "tile": tile, "shared_bytes": compiled.metadata.shared, "sass_total": total}
@@ -177,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "sm90_moe.json"), "w") as f:
         json.dump(rows, f, indent=1)
     lines = [
-        f"# {'moe_bd_kernel' if args.bd else 'moe_gemm_kernel'} compiled for sm_90 (`python -m bench.sm90_moe "
-        f"--tile {args.tile}{' --bd' if args.bd else ''}{' --float32-decode' if args.float32_decode else ''}`): "
+        f"# {'moe_bd_kernel' if args.bd or args.sw else 'moe_gemm_kernel'} compiled for sm_90 (`python -m bench.sm90_moe "
+        f"--tile {args.tile}{' --bd' if args.bd else ''}{' --sw' if args.sw else ''}{' --float32-decode' if args.float32_decode else ''}`): "
         "the K loop",
         "",
         "SASS instructions per thread in one K step (the loop body), the most frequent opcodes first.",

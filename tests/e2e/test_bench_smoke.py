@@ -163,6 +163,12 @@ def test_sm90_moe_report_smoke(tmp_path):
     assert sm90_moe_main(["--bd", "--out", str(tmp_path / "bd")]) == 0
     bd = json.loads((tmp_path / "bd" / "sm90_moe.json").read_text())
     assert len(bd) == 2 and all(r["loop_mix"].get("HGMMA", 0) > 0 for r in bd), bd
+    # its scale_w form (the batch buckets' default): the codes times their scales stay in registers as the
+    # dot's operand (a first form sent them through shared memory: 288 stores a thread and K step)
+    assert sm90_moe_main(["--sw", "--out", str(tmp_path / "sw")]) == 0
+    sw = json.loads((tmp_path / "sw" / "sm90_moe.json").read_text())
+    assert len(sw) == 2 and all(r["loop_mix"].get("HGMMA", 0) > 0 for r in sw), sw
+    assert all(r["loop_mix"].get("STS", 0) <= 32 and r["loop_mix"].get("HMUL2", 0) > 0 for r in sw), sw
 
 
 def test_decode_batches_have_one_prompt_a_user():
