@@ -536,6 +536,8 @@ def batch_tiles(out_dir: str, tokens=(4, 8, 16, 32, 64)) -> None:
         out = [("default", base), ("bd 1-row", bd), ("mma", BATCH_MMA)]
         for g1, g2 in moe_launcher.SW_TILES:
             name = f"scale_w g1 {g1['block_n']}x{g1['block_k']} g2 {g2['block_n']}x{g2['block_k']}"
+            name += f" g1 {g1['num_stages']} stages" if "num_stages" in g1 else ""
+            name += f" maxnreg {g1['maxnreg']}" if "maxnreg" in g1 else ""
             out.append((name, moe_launcher.sw_config(g1, g2)))
         gathered = {"perm_a": False}  # the activations gathered in the kernel's K order instead
         out.append(("scale_w default, gathered", moe_launcher.sw_config(gathered, gathered)))

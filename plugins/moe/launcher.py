@@ -52,10 +52,18 @@ SW_GEMMS = {
 # us) and T = 64 ran the tensor-core tiles (GEMM 1 689 us). Also measured and dropped: 32-row blocks (GEMM 2
 # 1.5-2.6x slower), GEMM 1 on 8 warps (15-75% slower), the shared experts serial (5-14% slower op). The pair
 # SW_GEMMS' tiles make (GEMM 1 64 x 256, GEMM 2 64 x 128) was timed one GEMM at a time, not as a whole op.
+# The last two are not yet timed: GEMM 1 on 2 stages, uncapped (943 SASS a K step, 254 registers, 2 programs
+# an SM) and capped at 128 registers (1,021 with 12 spill loads a step, 4 programs an SM), against the default's
+# 971 and 2 (bench.sm90_moe's compile; Nsight Compute saw the batch-1 kernel latency-bound on few warps).
 SW_TILES = [
     ({"block_n": 64, "block_k": 256}, {"block_n": 64, "block_k": 128, "num_stages": 4}),
     ({"block_n": 64, "block_k": 256}, {"block_n": 64, "block_k": 256}),
     ({"block_n": 32, "block_k": 256}, {"block_n": 64, "block_k": 128, "num_stages": 4}),
+    ({"block_n": 64, "block_k": 256, "num_stages": 2}, {"block_n": 64, "block_k": 128, "num_stages": 4}),
+    (
+        {"block_n": 64, "block_k": 256, "num_stages": 2, "maxnreg": 128},
+        {"block_n": 64, "block_k": 128, "num_stages": 4},
+    ),
 ]
 
 
