@@ -362,13 +362,7 @@ def launch_times(args: tuple, cfg: dict, want: torch.Tensor, keep) -> tuple[floa
 
 # tune()'s pick at T = 64 in the 2026-12-01 e2e build (bench/results/gpu-2026-12-01/bench-decode/, 3.68 ms):
 # the default tiles of T = 64's bucket, the shared experts through cuBLAS on the side stream
-BATCH_MMA = {
-    "block_m": 16,
-    "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
-    "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
-    "shared": "torch",
-    "overlap": True,
-}
+BATCH_MMA = {**moe_launcher.MMA_16, "shared": "torch", "overlap": True}
 
 
 def decode_kernels(out_dir: str, tokens=(1, 8)) -> None:

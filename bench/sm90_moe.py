@@ -107,18 +107,11 @@ def sw_launches() -> dict:
     from plugins.moe import launcher
 
     cfg = launcher.SW_DEFAULT
-    keys = {"stack_gu": "STACK_GU", "one_dot": "ONE_DOT", "scale_w": "SCALE_W", "perm_a": "PERM_A"}
     out = {}
     for name, gated, N, K in (("gemm1", True, I, H), ("gemm2", False, H, I)):
         g = cfg[name]
         tile = (cfg["block_m"], g["block_n"], g["block_k"], g["num_warps"], g["num_stages"])
-        out[f"{name} routed (scale_w, 16 rows)"] = (
-            gated,
-            N,
-            K,
-            tile,
-            {v: True for k, v in keys.items() if g.get(k)},
-        )
+        out[f"{name} routed (scale_w, 16 rows)"] = (gated, N, K, tile, launcher.bd_flags(g))
     return out
 
 

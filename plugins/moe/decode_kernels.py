@@ -132,6 +132,14 @@ def moe_gemv_kernel(
 
 
 @triton.jit
+def _rows_f16(row_ptrs, row_mask, a_mult):
+    """Activation rows [BLOCK_M, K] at row_ptrs as fp16, each scaled by its a_mult [BLOCK_M] (rows masked
+    off as zeros)."""
+    x = tl.load(row_ptrs, mask=row_mask[:, None], other=0.0).to(tl.float32)
+    return (x * a_mult[:, None]).to(tl.float16)
+
+
+@triton.jit
 def _bd_operand(
     row_ptrs, row_mask, in_block, in_block_rows, a_mult, BLOCK_M: tl.constexpr, KBP: tl.constexpr,
     K_MAJOR: tl.constexpr, LOADED: tl.constexpr = False,
@@ -153,8 +161,7 @@ def _bd_operand(
         else:
             a = tl.where(in_block, a[:, None], 0.0)
     else:
-        x = tl.load(row_ptrs, mask=row_mask[:, None], other=0.0).to(tl.float32)
-        x = (x * a_mult[:, None]).to(tl.float16)
+        x = _rows_f16(row_ptrs, row_mask, a_mult)
         a = tl.where(in_block_rows[:, None, :], x[None, :, :], 0.0)  # [KBP, BLOCK_M, K]
         a = tl.trans(tl.reshape(a, (KBP * BLOCK_M, x.shape[1])))
     return a
@@ -342,9 +349,8 @@ def moe_bd_kernel(
         s_mask = r_mask[:, None]  # a row's scales of the step are contiguous: one vector load
     else:
         s_mask = r_mask[:, None] & (offs_c // BLOCK_M < KB)[None, :]
-    sk_rows = (
-        ws_base + w_row[:, None] * stride_wsn + tl.arange(0, KB)[None, :]
-    )  # SCALE_W: the step's KB scales
+    # SCALE_W: a row's KB scales of the step
+    sk_rows = ws_base + w_row[:, None] * stride_wsn + tl.arange(0, KB)[None, :]
     # fp16 holds |a| < 65504: a row whose largest |value| reaches 2^15 goes to the dot scaled down by a
     # power of two (exact), and its sums are scaled back up in float32. Rows in range are left as they are.
     if BLOCK_M == 1:
@@ -381,8 +387,7 @@ def moe_bd_kernel(
         if GATED and not STACKED:
             u_words = tl.load(w_rows + N * (stride_wn // 4) + k0 // 8, mask=n_mask[:, None], other=0)
         if SCALE_W:
-            x = tl.load(a_base + k0 + col8[None, :], mask=m_valid[:, None], other=0.0).to(tl.float32)
-            a = tl.trans((x * a_mult[:, None]).to(tl.float16))  # [8W, BLOCK_M]
+            a = tl.trans(_rows_f16(a_base + k0 + col8[None, :], m_valid, a_mult))  # [8W, BLOCK_M]
             g_sw = _word_scales(sk_rows + k0 // 16, r_mask, ROWS, KB)
             acc = tl.dot(_e2m1_k_step_f16(g_words, ROWS, W, g_sw), a, acc)
             if GATED and not STACKED:

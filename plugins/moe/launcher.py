@@ -76,7 +76,8 @@ def sw_config(g1: dict, g2: dict, block_m: int = 16, **top) -> dict:
 SW_DEFAULT = sw_config(*SW_TILES[0])
 
 
-# The tensor-core GEMM's tiles for 16-row blocks: those of a scale_w config where "bd" cannot run.
+# The tensor-core GEMM's tiles for 16-row blocks: a scale_w config's where "bd" cannot run, and BF16 routed
+# experts' below the GEMM's larger blocks (decode sizes).
 MMA_16 = {"block_m": 16, "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
           "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}}  # fmt: skip
 
@@ -127,6 +128,21 @@ def _fit_k(block_k: int, K: int) -> int:
     if K % block_k:
         raise ValueError(f"sigmoid_sink_moe: reduction size {K} is not a multiple of 32")
     return block_k
+
+
+def _block_k(cfg: dict, K: int) -> int:
+    """A GEMM's K step for a reduction of K: the config's block_k, fitted to K."""
+    return _fit_k(min(cfg["block_k"], K), K)
+
+
+# moe_bd_kernel's constexpr flags and the config keys that set them
+BD_FLAGS = {"stack_gu": "STACK_GU", "k_major_a": "K_MAJOR_A", "one_dot": "ONE_DOT", "prefetch_a": "PREFETCH_A",
+            "scale_w": "SCALE_W", "perm_a": "PERM_A"}  # fmt: skip
+
+
+def bd_flags(cfg: dict) -> dict:
+    """A GEMM config's moe_bd_kernel flags (off where the config leaves them out)."""
+    return {flag: bool(cfg.get(key, False)) for key, flag in BD_FLAGS.items()}
 
 
 def _fit_split(split: int, k_steps: int) -> int:
@@ -180,7 +196,7 @@ def _gemm(
     ONE_DOT's K order; perm_out ("bd"): out's columns stored in the ONE_DOT order of K steps of perm_out,
     for a GEMM 2 that reads them with perm_a."""
     sorted_rows, expert_ids, block_rows, route_w = route
-    block_k = _fit_k(min(cfg["block_k"], K), K)
+    block_k = _block_k(cfg, K)
     dummy = w  # unused pointer arguments of a variant
     grid = (grid_m, triton.cdiv(N, cfg["block_n"]))
     args = (
@@ -217,13 +233,8 @@ def _gemm(
             part.stride(0) if split > 1 else 0,
             K,
             SPLIT_K=split,
-            STACK_GU=bool(cfg.get("stack_gu", False)),
-            K_MAJOR_A=bool(cfg.get("k_major_a", False)),
-            ONE_DOT=bool(cfg.get("one_dot", False)),
-            PREFETCH_A=bool(cfg.get("prefetch_a", False)),
-            SCALE_W=bool(cfg.get("scale_w", False)),
-            PERM_A=bool(cfg.get("perm_a", False)),
             PERM_OUT=perm_out,
+            **bd_flags(cfg),
             N_FIRST=n_first,
             **tiles,
         )
@@ -280,7 +291,7 @@ def sigmoid_launches(
         w13_scale_2 = w13_scale_2.reshape(n, 1).expand(n, 2).contiguous()  # the kernels' (gate, up) pair
     cfg = config or select_config(None, x.shape[0])
     if not nvfp4 and (cfg.get("kernel", "mma") != "mma" or cfg["block_m"] < 16):
-        cfg = BF16_ROUTED
+        cfg = MMA_16
     elif cfg.get("kernel") == "bd" and min(x.shape[1], shared_w2.shape[2]) < BD_MIN_K:
         cfg = without_bd(cfg)  # toy widths
     router = SigmoidRouter(gate_bias, gate_scale, route_scale)
@@ -298,9 +309,6 @@ def sigmoid_sink_moe(*args, config: dict | None = None, **kwargs) -> torch.Tenso
 
 
 BD_MIN_K = 128  # the "bd" kernel's smallest reduction: its dots take block_k / 8 >= 16 columns
-# BF16 routed experts below the tensor-core GEMM's smallest block (decode sizes): its 16-row tiles.
-BF16_ROUTED = {"block_m": 16, "gemm1": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4},
-               "gemm2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4}}  # fmt: skip
 
 
 def launches(
@@ -438,12 +446,12 @@ def launches(
     # "bd" with perm_a: a GEMM's activations with each K step in ONE_DOT's K order, contiguous loads (x
     # permuted here, h stored so by GEMM 1)
     perm1, perm2 = (kernel == "bd" and bool(g.get("perm_a", False)) for g in (g1, g2))
-    perm_h = _fit_k(min(g2["block_k"], I), I) if perm2 else 0
+    perm_h = _block_k(g2, I) if perm2 else 0  # GEMM 2's K step, the order GEMM 1 stores h in
 
     def gemm1_routed():
         a = x
         if perm1:
-            bk = _fit_k(min(g1["block_k"], H), H)
+            bk = _block_k(g1, H)
             a = torch.empty_like(x)
             decode_kernels.one_dot_order_kernel[(T, H // bk)](
                 x, x.stride(0), a, a.stride(0), BK=bk, num_warps=4
