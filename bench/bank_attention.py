@@ -2,6 +2,7 @@
 and the bound (GPU.md): one H200, bf16, paged KV (16 tokens a block).
 
     python -m bench.bank_attention --out build/bank-attention
+    python -m bench.bank_attention --out build/bank-attention --variants   # the prefill tiles instead
 
 Workloads (issue 40's anchors): causal prefill of 8K tokens on a full layer (64 query / 8 KV heads, the
 relative term within 1024 tokens, log scaling on) and on a sliding one (64 / 16 heads, window 512); decode of
@@ -10,21 +11,33 @@ Peers: SDPA's flash kernel without the relative term (causal prefill; decode on 
 kernel would reach if the term were free; for prefill also FlexAttention with the term as a score_mod that
 gathers a precomputed [H, T, X] table (the form vLLM serves on Hopper). Each is timed with CUDA-graph
 replays (do_bench_cudagraph, median) after a check of ours against the model's math on a slice.
+
+`--variants` times the prefill launches' other tiles (PREFILL_VARIANTS: larger query and key tiles, eight
+warps, three stages, the relative table's chunk and element type) on an 8K prefill of each layer kind and
+on an 8K chunk at the end of 128K keys (the long prompt's chunks: almost every KV tile past the extent),
+each checked against the model's math first; `relative=False` rows are the kernel's floor without the
+term, not the op. Beside them, `paged_flash`: a minimal causal flash kernel on the same paged cache without
+the term, the log scaling or the window (checked against SDPA), what Triton itself reaches on these tiles.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import time
 
 import torch
+import triton
+import triton.language as tl
 import triton.testing
 
 import plugins  # noqa: F401  (registers the ops)
+from bench.sm90 import short
 from inkling.published.ops import bank_attention as bank_math
+from plugins.attention.launcher import AttentionConfig, bank_attention, choose_config
 
 BANDWIDTH, FLOPS = 4.35e12, 790e12  # GPU.md
 PAGE = 16
@@ -61,11 +74,16 @@ def workload(layer: dict, seqs: int, seq_len: int, q_len: int):
     return args, (q, k, v, r, bank)
 
 
-def check(args, raw, layer, seq_len, q_len) -> float:
-    """Relative error of ours against the model's math (float32) on the first sequence's last 64 queries."""
+def check(args, raw, layer, seq_len, q_len, config: AttentionConfig | None = None) -> float:
+    """Relative error of ours (the op, or the launch with `config`) against the model's math (float32) on
+    the first sequence's last 64 queries."""
     q, k, v, r, bank = raw
     n = min(64, q_len)
-    out = torch.ops.inkling.bank_attention(*args, "triton")[q_len - n : q_len].float()
+    if config is None:
+        out = torch.ops.inkling.bank_attention(*args, "triton")
+    else:
+        out = bank_attention(*args, config=config)
+    out = out[q_len - n : q_len].float()
     pos = torch.arange(seq_len, device="cuda")
     want = bank_math(
         q[q_len - n : q_len].float(), k[:seq_len].float(), v[:seq_len].float(), r[q_len - n : q_len].float(),
@@ -117,10 +135,190 @@ def flex_prefill(layer: dict, T: int):
     return lambda: fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0 / D, enable_gqa=True)
 
 
-def prefill_flops(layer: dict, T: int) -> float:
+def prefill_flops(layer: dict, T: int, q_len: int | None = None) -> float:
+    """FLOPs of the last q_len (default T) queries of T tokens: QK^T and PV over the keys each may see."""
     W = layer["window"] or T
-    pairs = sum(min(i + 1, W) for i in range(0, T, 64)) * 64
+    pairs = sum(min(i + 1, W) for i in range(T - (q_len or T), T, 64)) * 64
     return pairs * layer["hq"] * 4 * D
+
+
+def _tiles(block_q: int, block_n: int, warps: int, stages: int = 2, **kw) -> AttentionConfig:
+    return AttentionConfig(
+        heads=1, block_q=block_q, block_n=block_n, num_splits=1, num_warps=warps, num_stages=stages, **kw
+    )
+
+
+# Prefill launches beside the launcher's (one head a program, the chunked relative table). Compiled for
+# sm_90 on the CPU (bench.sm90) every one holds 255 registers and spills; 128 x 128 serializes its wgmma.
+PREFILL_VARIANTS = [
+    _tiles(64, 64, 4, 3, shear="chunk"),
+    _tiles(64, 64, 4, shear="chunk", chunk_tiles=2),
+    _tiles(64, 64, 4, shear="chunk", chunk_tiles=5),
+    _tiles(64, 64, 4, shear="chunk", table_dtype="bfloat16"),
+    _tiles(64, 64, 4, shear="scratch"),
+    _tiles(64, 128, 4, shear="chunk", chunk_tiles=2),
+    _tiles(128, 64, 8, shear="chunk"),
+    _tiles(128, 64, 8, 3, shear="chunk"),
+    _tiles(128, 128, 8, shear="chunk", chunk_tiles=2),
+    _tiles(64, 64, 4, shear="chunk", relative=False),
+    _tiles(128, 64, 8, shear="chunk", relative=False),
+    _tiles(128, 128, 8, shear="chunk", relative=False),
+]
+
+
+@triton.jit
+def _paged_flash_kernel(
+    q_ptr, k_ptr, v_ptr, table_ptr, o_ptr, seq_len, q_len, stride_qt, stride_kb, stride_ks, scale,
+    GROUP: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BN: tl.constexpr, PAGE: tl.constexpr,
+):  # fmt: skip
+    """Causal attention of the last q_len queries of one sequence over its paged K/V, one head a program:
+    the unmasked tiles in one loop, then the diagonal's masked ones. No relative term."""
+    qt = tl.program_id(0)
+    h = tl.program_id(1)
+    a = qt * BQ + tl.arange(0, BQ)
+    d = tl.arange(0, D)
+    row_ok = a < q_len
+    q = tl.load(q_ptr + a[:, None] * stride_qt + h * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    first = seq_len - q_len + qt * BQ
+    pos = first + tl.arange(0, BQ)
+    last = tl.minimum(first + BQ, seq_len) - 1
+    kv = (h // GROUP) * D
+    m_i = tl.full([BQ], float("-inf"), tl.float32)
+    l_i = tl.zeros([BQ], tl.float32)
+    acc = tl.zeros([BQ, D], tl.float32)
+    qk_scale = scale * 1.4426950408889634
+    unmasked = (first + 1) // BN * BN
+    for j0 in range(0, unmasked, BN):
+        n = j0 + tl.arange(0, BN)
+        off = tl.load(table_ptr + n // PAGE).to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kv
+        s = tl.dot(q, tl.load(k_ptr + off[None, :] + d[:, None])) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), tl.load(v_ptr + off[:, None] + d[None, :]))
+        m_i = m_new
+    for j0 in range(unmasked, last + 1, BN):
+        n = j0 + tl.arange(0, BN)
+        ok = n <= last
+        off = (
+            tl.load(table_ptr + n // PAGE, mask=ok, other=0).to(tl.int64) * stride_kb
+            + (n % PAGE) * stride_ks
+            + kv
+        )
+        s = tl.dot(q, tl.load(k_ptr + off[None, :] + d[:, None], mask=ok[None, :], other=0.0)) * qk_scale
+        s = tl.where(pos[:, None] >= n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        m_i = m_new
+    o = acc / l_i[:, None]
+    tl.store(
+        o_ptr + a[:, None] * stride_qt + h * D + d[None, :],
+        o.to(o_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+
+
+def paged_flash(
+    q, key_cache, value_cache, table, seq_len: int, block_q: int, block_n: int, warps: int, stages: int
+):
+    """The minimal kernel's launch for one sequence: q [q_len, Hq, D] (the last q_len of seq_len tokens)."""
+    q_len, hq, d = q.shape
+    out = torch.empty_like(q)
+    _paged_flash_kernel[(triton.cdiv(q_len, block_q), hq)](
+        q, key_cache, value_cache, table, out, seq_len, q_len, q.stride(0), key_cache.stride(0),
+        key_cache.stride(1), 1.0 / d, GROUP=hq // key_cache.shape[2], D=d, BQ=block_q, BN=block_n,
+        PAGE=key_cache.shape[1], num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
+FLOOR_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2)]
+
+
+def time_floor(op_args, raw, layer, seq_len: int, q_len: int, name: str, bound: float) -> list[dict]:
+    """paged_flash's tiles on a full layer's case, checked against SDPA (causal, no term)."""
+    q, k, v, _, _ = raw
+    kc, vc, table = op_args[3], op_args[4], op_args[5]
+    n = min(64, q_len)
+    qs = q[q_len - n :].transpose(0, 1)[None].float()
+    mask = torch.arange(seq_len - n, seq_len, device="cuda")[:, None] >= torch.arange(seq_len, device="cuda")
+    want = torch.nn.functional.scaled_dot_product_attention(
+        qs, k.transpose(0, 1)[None].float(), v.transpose(0, 1)[None].float(), attn_mask=mask, scale=1.0 / D,
+        enable_gqa=True,
+    )[0].transpose(0, 1)  # fmt: skip
+    rows = []
+    for bq, bn, warps, stages in FLOOR_TILES:
+        row = {
+            "work": name,
+            "variant": f"paged_flash {bq}x{bn} {warps}w {stages}s (no term)",
+            "default": False,
+        }
+        row["bound_ms"] = bound
+        try:
+            run = functools.partial(paged_flash, q, kc, vc, table[0], seq_len, bq, bn, warps, stages)
+            row["rel_err"] = float((run()[q_len - n :].float() - want).norm() / want.norm())
+            row["ms"] = time_ms(run)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def time_variants(out: str) -> int:
+    """Each prefill case with the launcher's tiles, then PREFILL_VARIANTS: a table in variants.md."""
+    cases = [
+        ("prefill 8K, full layer", FULL, 8192, 8192),
+        ("prefill 8K, sliding layer", SLIDING, 8192, 8192),
+        ("8K chunk at 128K, full layer", FULL, 131072, 8192),
+    ]
+    rows = []
+    for name, layer, seq_len, q_len in cases:
+        op_args, raw = workload(layer, 1, seq_len, q_len)
+        default = choose_config(
+            1,
+            layer["hq"],
+            layer["hkv"],
+            q_len,
+            seq_len,
+            torch.cuda.get_device_properties(0).multi_processor_count,
+        )
+        bound = prefill_flops(layer, seq_len, q_len) / FLOPS * 1e3
+        for config in [default] + [c for c in PREFILL_VARIANTS if c != default]:
+            t0 = time.perf_counter()
+            row = {"work": name, "variant": short(config), "default": config == default, "bound_ms": bound}
+            try:
+                row["rel_err"] = check(op_args, raw, layer, seq_len, q_len, config)
+                row["ms"] = time_ms(lambda a=op_args, c=config: bank_attention(*a, config=c))
+            except Exception as e:  # a launch that does not compile or fit is a row, not the end of the run
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            row["wall_s"] = time.perf_counter() - t0
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        if not layer["window"]:
+            rows += time_floor(op_args, raw, layer, seq_len, q_len, name, bound)
+        del op_args, raw
+        torch.cuda.empty_cache()
+    with open(os.path.join(out, "variants.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows}, f,
+                  indent=2)  # fmt: skip
+    lines = ["| work | variant | ms | of the FLOP bound | error |", "|---|---|---|---|---|"]
+    for r in rows:
+        ms = f"{r['ms']:.3f}" if "ms" in r else r.get("error", "")[:60]
+        frac = f"{r['bound_ms'] / r['ms']:.0%}" if "ms" in r else ""
+        mark = " (launcher's)" if r["default"] else ""
+        lines.append(
+            f"| {r['work']} | {r['variant']}{mark} | {ms} | {frac} | {r.get('rel_err', float('nan')):.2e} |"
+        )
+    with open(os.path.join(out, "variants.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
 
 
 def decode_bytes(layer: dict, seqs: int, kv: int) -> float:
@@ -134,8 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-flex", action="store_true", help="leave FlexAttention out (its compile takes a while)"
     )
+    ap.add_argument(
+        "--variants", action="store_true", help="time the prefill tiles (PREFILL_VARIANTS) instead"
+    )
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.variants:
+        return time_variants(args.out)
     rows = []
     cases = [
         ("prefill 8K, full layer", FULL, 1, 8192, 8192),

@@ -191,9 +191,9 @@ mtp-batches)
     # MTP_BATCHES, PROMPT_LEN (an H100 holds batch 64 whole at 2,048 tokens, not at 8,192), DRAFT_VOCAB,
     # PROFILE_BATCH (the batch whose rounds are profiled by kernel), DRAFTS (3; 0 for plain steps, the
     # rounds' baseline), ADAPTIVE=1 (the draft policy instead of drafts every step: random depths accept
-    # nothing, so it measures steps that draft nothing), E2E_LIMIT (seconds); SKIP_TESTS=1 leaves out the
-    # published GPU tests. The MoE tiles
-    # are tuned to 512 tokens: batch 64's verify of 4 tokens a sequence (256) falls in the bucket tuned at 512
+    # nothing, so it measures steps that draft nothing), COMPILE=1 (torch.compile the step program),
+    # E2E_LIMIT (seconds); SKIP_TESTS=1 leaves out the published GPU tests. The MoE tiles are tuned to
+    # 512 tokens: batch 64's verify of 4 tokens a sequence (256) falls in the bucket tuned at 512
     # (until 2026-12-06 it ran that bucket's default tiles)
     with_transformers
     [ -n "${SKIP_TESTS:-}" ] || run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
@@ -203,7 +203,7 @@ mtp-batches)
     run e2e "${E2E_LIMIT:-380}" python3 -m bench.e2e --preset inkling-bench --device cuda --cuda_graphs --output_len 128 \
         --batches "${MTP_BATCHES:-1,32,64}" --prompt_len "${PROMPT_LEN:-8192}" "${mtp[@]}" \
         --profile_batch "${PROFILE_BATCH:-1}" --tune_max_tokens 512 --decode_budget_s 8 --temperature 1 \
-        ${DRAFT_VOCAB:+--draft_vocab_size "$DRAFT_VOCAB"} --out "$OUT/e2e"
+        ${DRAFT_VOCAB:+--draft_vocab_size "$DRAFT_VOCAB"} ${COMPILE:+--compile} --out "$OUT/e2e"
     pack mtp-batches
     ;;
 sampler)
