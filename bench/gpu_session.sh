@@ -9,6 +9,8 @@
 #     bash bench/gpu_session.sh bench-peers   #   python -m bench.e2e --merge --out DIR
 #     bash bench/gpu_session.sh profile       # 1 GPU: a profile of the batch-1 decode step by kernel
 #     bash bench/gpu_session.sh attention     # 1 GPU: bench.bank_attention on the real shapes, peers included
+#     bash bench/gpu_session.sh attention-variants  # 1 GPU: the attention kernel's GPU tests, then the prefill
+#                                             #   tiles and a minimal flash kernel timed (bench.bank_attention --variants)
 #     bash bench/gpu_session.sh moe           # 1 GPU: the MoE launcher's GPU tests, then bench/moe.py on the real
 #                                             #   layer (tuning, bound, bf16 peer)
 #     bash bench/gpu_session.sh moe-decode    # 1 GPU: the decode kernels' GPU tests, their variants timed, the tuned op
@@ -218,6 +220,11 @@ profile)
 attention)
     run bank_attention 400 python3 -m bench.bank_attention --out "$OUT/attn"
     pack attention
+    ;;
+attention-variants)
+    run bank_attention_gpu "${TEST_LIMIT:-150}" "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
+    run variants "${VARIANTS_LIMIT:-400}" python3 -m bench.bank_attention --variants --out "$OUT/attn"
+    pack attention-variants
     ;;
 moe)
     run moe_gpu 200 "${PYTEST[@]}" -m gpu tests/kernels/test_moe.py

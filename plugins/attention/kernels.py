@@ -650,8 +650,26 @@ def bank_attention_kernel(
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, D], tl.float32)
     if U_WIDTH > 0:
-        # Chunks of CHUNK tiles: the relative table of a chunk, then its tiles (a loop without barriers).
         c = my_lo
+        if ZERO_FAR and UNMASKED_CHUNKS:
+            # The tiles whose every (query, key) pair is allowed and past the table's last row (distances
+            # >= R - 1: no relative term; the real Inkling's full layers but the 1024 tokens next to the
+            # diagonal) go first, in one loop that Triton software-pipelines across all of them: chunk by
+            # chunk, its pipeline restarted every CHUNK tiles. Tile t qualifies when its last key
+            # (t + 1) * BLOCK_N - 1 <= first_pos - (R - 1) and its first is inside every query's window.
+            far_end = tl.minimum(tl.maximum((first_pos - R + 2) // BLOCK_N, my_lo), my_hi)
+            if my_lo * BLOCK_N < tl.maximum(last_pos - window + 1, 0):
+                far_end = my_lo  # a window's lower edge in the first tile: the chunks mask it
+            m_i, l_i, acc = _attend_tiles(
+                my_lo, far_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
+                head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
+                qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
+                REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, False, FAR_TEST, 0, U_WIDTH, False,
+                INTERPRET,
+            )  # fmt: skip
+            c = far_end
+        # Chunks of CHUNK tiles: the relative table of a chunk, then its tiles (a loop without barriers).
         while c < my_hi:
             u_base = first_pos - (c + CHUNK) * BLOCK_N + 1  # the chunk's smallest distance
             # A chunk whose every (real query, key) pair is allowed (its keys at or below the first query

@@ -36,6 +36,7 @@ class Layer:
 
 FULL = Layer(hq=8, hkv=1, extent=24, window=0, log_floor=20)  # group 8; extent and floor passed below
 SLIDING = Layer(hq=8, hkv=2, extent=16, window=16, log_floor=0)  # group 4; window = extent, as published
+WIDE_WINDOW = Layer(hq=8, hkv=2, extent=8, window=40, log_floor=0)
 
 
 @dataclass
@@ -155,6 +156,10 @@ def _cfg(**kw) -> AttentionConfig:
 FORMS = [
     ("chunk-far", FULL, CHUNKED + [(90, 16)], _cfg(shear="chunk", chunk_tiles=1)),
     ("chunk-far-split", FULL, [(96, 30), (50, 3)], _cfg(shear="chunk", chunk_tiles=1, num_splits=3)),
+    # the far tiles in one loop ahead of the chunks, which then start off the chunk grid
+    ("chunk-3-far-loop", FULL, [(120, 120), (100, 37), (58, 2)], _cfg(shear="chunk", chunk_tiles=3)),
+    # a window wider than the extent (not the published shapes): far tiles above a masked window edge
+    ("chunk-far-window", WIDE_WINDOW, CHUNKED + [(90, 16)], _cfg(shear="chunk", chunk_tiles=1)),
     ("chunk-2-sliding", SLIDING, CHUNKED, _cfg(shear="chunk", chunk_tiles=2, num_splits=2)),
     ("chunk-masked", FULL, PREFILL, _cfg(shear="chunk", chunk_tiles=1, unmasked_chunks=False)),
     ("scratch", FULL, CHUNKED, _cfg(shear="scratch", num_splits=2)),
