@@ -283,6 +283,7 @@ def decode_run(
     steps: list[float] = []
     distinct: list[int] = []  # distinct last tokens across the batch after each timed step
     capture_steps: list[float] = []  # steps that captured a CUDA graph (a one-time cost): not timed
+    verified: list[int] = []  # drafts each timed step verified, all sequences together (MTP)
     decoded = 0  # tokens of the timed steps, all requests (with MTP, up to 1 + drafts per step each)
     decoding_since = None
     while eng.has_unfinished():
@@ -291,6 +292,7 @@ def decode_run(
             profile = False
         before = sum(len(t) for t in tokens.values())
         captures = _captures(eng.runner)
+        proposed = sum(eng.acceptance.proposed)
         # No device sync around a step: with overlapped steps the next one is already running when
         # step() returns, and the time between returns is what a streaming user sees.
         start = time.perf_counter()
@@ -304,6 +306,7 @@ def decode_run(
             capture_steps.append(dt)
             continue
         steps.append(dt)
+        verified.append(sum(eng.acceptance.proposed) - proposed)
         distinct.append(len({t[-1] for t in tokens.values()}))
         decoded += sum(len(t) for t in tokens.values()) - before
         # The budget counts decoding, not the one-time captures (with --compile a capture step compiles
@@ -321,6 +324,9 @@ def decode_run(
         "step_s_p10": tenths[0],
         "step_s_p90": tenths[-1],
         "step_s_first": steps[:8],
+        # The tail: every timed step over twice the median, as (index among the timed steps, seconds, drafts
+        # it verified), so that a mean far from the median says which steps made it so
+        "step_s_slow": [(i, dt, verified[i]) for i, dt in enumerate(steps) if dt > 2 * median],
         # A batch whose users emit the same tokens routes like fewer tokens: fewer experts than its bound's
         "distinct_tokens_median": statistics.median(distinct),
         "distinct_tokens_first_last": [distinct[0], distinct[-1]],

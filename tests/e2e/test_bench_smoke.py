@@ -46,6 +46,8 @@ def test_e2e_benchmark_parts_and_merge(tmp_path):
     assert d["tokens_per_request"] == 10 and 1.0 <= d["acceptance_length"] <= 3.0 and m["fixed_drafts"]
     assert m["draft_vocab_size"] == 500
     assert d["mtp_steps"] >= 2 * d["decode_steps_timed"]  # both requests drafted in every timed step
+    # the tail's steps, each with the drafts it verified (2 sequences, 2 drafts, fixed: 4 but near the end)
+    assert all(dt > 2 * d["step_s_median"] and 0 <= n <= 4 for _, dt, n in d["step_s_slow"])
     # sampled (a seed per user), and the batch's distinct tokens a step recorded and shown
     assert m["temperature"] == 1.0 and 1 <= d["distinct_tokens_median"] <= 2
     table = (tmp_path / "mtp" / "results.md").read_text()
