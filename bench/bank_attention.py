@@ -17,7 +17,8 @@ warps, three stages, the relative table's chunk and element type) on an 8K prefi
 on an 8K chunk at the end of 128K keys (the long prompt's chunks: almost every KV tile past the extent),
 each checked against the model's math first; `relative=False` rows are the kernel's floor without the
 term, not the op. Beside them, `paged_flash`: a minimal causal flash kernel on the same paged cache without
-the term, the log scaling or the window (checked against SDPA), what Triton itself reaches on these tiles.
+the term, the log scaling or the window (checked against SDPA), what Triton itself reaches on these tiles;
+and SDPA itself on the 8K cases (causal; the sliding one with its window as a mask).
 """
 
 from __future__ import annotations
@@ -103,6 +104,16 @@ def sdpa_prefill(layer: dict, T: int):
     return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
+def sdpa_window(layer: dict, T: int):
+    """SDPA over a sliding window given as a boolean mask (no term; K/V repeated to the query heads)."""
+    q = torch.randn(1, layer["hq"], T, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, layer["hq"], T, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    dist = torch.arange(T, device="cuda")[:, None] - torch.arange(T, device="cuda")
+    mask = (dist >= 0) & (dist < layer["window"])
+    return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def sdpa_decode(layer: dict, seqs: int, kv: int):
     q = torch.randn(seqs, layer["hq"], 1, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(seqs, layer["hkv"], kv, D, device="cuda", dtype=torch.bfloat16)
@@ -154,11 +165,15 @@ PREFILL_VARIANTS = [
     _tiles(64, 64, 4, 3, shear="chunk"),
     _tiles(64, 64, 4, shear="chunk", chunk_tiles=2),
     _tiles(64, 64, 4, shear="chunk", chunk_tiles=5),
+    _tiles(64, 64, 4, shear="chunk", chunk_tiles=9),  # a sliding layer's window and diagonal in one table
     _tiles(64, 64, 4, shear="chunk", table_dtype="bfloat16"),
+    _tiles(64, 64, 4, shear="chunk", far_launch=True),  # full layers: the far tiles in their own launch
+    _tiles(64, 64, 4, 3, shear="chunk", far_launch=True),
     _tiles(64, 64, 4, shear="scratch"),
     _tiles(64, 128, 4, shear="chunk", chunk_tiles=2),
     _tiles(128, 64, 8, shear="chunk"),
     _tiles(128, 64, 8, 3, shear="chunk"),
+    _tiles(128, 64, 8, shear="chunk", chunk_tiles=5),
     _tiles(128, 128, 8, shear="chunk", chunk_tiles=2),
     _tiles(64, 64, 4, shear="chunk", relative=False),
     _tiles(128, 64, 8, shear="chunk", relative=False),
@@ -303,6 +318,19 @@ def time_variants(out: str) -> int:
         if not layer["window"]:
             rows += time_floor(op_args, raw, layer, seq_len, q_len, name, bound)
         del op_args, raw
+        if q_len == seq_len:  # the peer in the same run: plain attention, no term
+            peer, label = (
+                (sdpa_window, "SDPA, the window as a mask (no term)")
+                if layer["window"]
+                else (sdpa_prefill, "SDPA causal (no term)")
+            )
+            row = {"work": name, "variant": label, "default": False, "bound_ms": bound}
+            try:
+                row["ms"] = time_ms(peer(layer, seq_len))
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
         torch.cuda.empty_cache()
     with open(os.path.join(out, "variants.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows}, f,

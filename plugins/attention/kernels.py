@@ -222,7 +222,9 @@ def _attend_tile(
     in_page = offs_n % PAGE
     k_offs = block * stride_kb + in_page * stride_ks + kv_head * stride_kh
     k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=kv_ok[None, :], other=0.0)
-    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, BLOCK_N], log2 units
+    s = (
+        tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+    )  # [M, BLOCK_N], log2 units (qk_scale: [M, 1] with LOG_SCALE)
 
     if not RELATIVE:
         pass  # the timing probe without the relative term (AttentionConfig.relative)
@@ -573,6 +575,7 @@ def bank_attention_kernel(
     INTERPRET: tl.constexpr,
     LOG_SCALE: tl.constexpr = False,  # logits times tau(i) = 1 + log_alpha ln(max(1, (i + 1) / log_floor))
     ZERO_FAR: tl.constexpr = False,  # the table's row R - 1 is zero: tiles past it carry no relative term
+    PART: tl.constexpr = 0,  # ZERO_FAR chunks: 1 the far tiles alone, 2 the rest; each a partial (o, lse)
 ):
     M: tl.constexpr = HEADS * BLOCK_Q
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest (causal) tiles start first
@@ -619,11 +622,15 @@ def bank_attention_kernel(
         mask=row_ok[:, None],
         other=0.0,
     )
+    qk_scale = scale * LOG2E
     if LOG_SCALE:
-        # tau(i) scales q . k and the relative term alike: both are linear in q and r, so q and r rows are
-        # scaled once here, in float32 and rounded back as the reference scales q (INKLING_SPEC §3.4)
+        # tau(i) scales q . k and the relative term alike (INKLING_SPEC §3.4): the scores through their
+        # per-row scale (the multiply each tile makes anyway), the term through r, scaled once here in
+        # float32 and rounded back. q itself stays as loaded: scaled in registers it was held there as the
+        # dot's operand (about 35 more registers a thread at 64 x 64 on sm_90, bench/sm90.py), where
+        # loaded it feeds the tensor cores from shared memory.
         tau = 1.0 + log_alpha * tl.log(tl.maximum((pos + 1).to(tl.float32) / log_floor, 1.0))
-        q = (q.to(tl.float32) * tau[:, None]).to(q_ptr.dtype.element_ty)
+        qk_scale = qk_scale * tau[:, None]  # [M, 1]
         r = (r.to(tl.float32) * tau[:, None]).to(r_ptr.dtype.element_ty)
     # r_i . E[R-1]: the whole relative term of tiles where every distance is clipped.
     e_last = tl.load(e_ptr + heads[:, None] * stride_eh + (R - 1) * stride_er + offs_dr[None, :])
@@ -645,7 +652,6 @@ def bank_attention_kernel(
     my_lo = tile_lo + split * tiles_per_split
     my_hi = tl.minimum(my_lo + tiles_per_split, tile_hi)
 
-    qk_scale = scale * LOG2E
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, D], tl.float32)
@@ -660,68 +666,71 @@ def bank_attention_kernel(
             far_end = tl.minimum(tl.maximum((first_pos - R + 2) // BLOCK_N, my_lo), my_hi)
             if my_lo * BLOCK_N < tl.maximum(last_pos - window + 1, 0):
                 far_end = my_lo  # a window's lower edge in the first tile: the chunks mask it
-            m_i, l_i, acc = _attend_tiles(
-                my_lo, far_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
-                head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
-                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
-                qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
-                REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, False, FAR_TEST, 0, U_WIDTH, False,
-                INTERPRET,
-            )  # fmt: skip
+            if PART != 2:
+                m_i, l_i, acc = _attend_tiles(
+                    my_lo, far_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
+                    head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
+                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
+                    qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
+                    REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, False, FAR_TEST, 0, U_WIDTH, False,
+                    INTERPRET,
+                )  # fmt: skip
             c = far_end
-        # Chunks of CHUNK tiles: the relative table of a chunk, then its tiles (a loop without barriers).
-        while c < my_hi:
-            u_base = first_pos - (c + CHUNK) * BLOCK_N + 1  # the chunk's smallest distance
-            # A chunk whose every (real query, key) pair is allowed (its keys at or below the first query
-            # and within every query's window) skips the mask: all but the chunks at the diagonal and at
-            # a sliding window's lower edge.
-            c_end = tl.minimum(c + CHUNK, my_hi)
-            if UNMASKED_CHUNKS:
-                interior = (c * BLOCK_N >= tl.maximum(last_pos - window + 1, 0)) & (
-                    c_end * BLOCK_N - 1 <= first_pos
-                )
-            else:
-                interior = False  # every chunk masked: one copy of the tile loop
-            # ZERO_FAR: an interior chunk whose every distance is past the table's last row has no relative
-            # term: no table fill, and a third copy of the tile loop without it (the real Inkling's full
-            # layers: all but the chunks within rel_extent of the diagonal)
-            if ZERO_FAR and UNMASKED_CHUNKS:
-                far = interior & (u_base >= R - 1)
-            else:
-                far = False
-            if not far:
-                _fill_relative_table(
-                    r, e_ptr, stride_eh, stride_er, head0, u_base, R, scratch_ptr,
-                    DR, BLOCK_Q, BLOCK_N, U_WIDTH, DOT_PRECISION,
-                )  # fmt: skip
-            if far:
-                m_i, l_i, acc = _attend_tiles(
-                    c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
-                    head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
-                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
-                    qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
-                    REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, False, FAR_TEST, u_base, U_WIDTH, False,
-                    INTERPRET,
-                )  # fmt: skip
-            elif interior:
-                m_i, l_i, acc = _attend_tiles(
-                    c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
-                    head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
-                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
-                    qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
-                    REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, RELATIVE, FAR_TEST, u_base, U_WIDTH, False,
-                    INTERPRET,
-                )  # fmt: skip
-            else:
-                m_i, l_i, acc = _attend_tiles(
-                    c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
-                    head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
-                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
-                    qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
-                    REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, RELATIVE, FAR_TEST, u_base, U_WIDTH, True,
-                    INTERPRET,
-                )  # fmt: skip
-            c += CHUNK
+        # Chunks of CHUNK tiles: the relative table of a chunk, then its tiles (a loop without barriers);
+        # none in the far tiles' launch (PART 1), whose kernel then holds the far loop alone.
+        if PART != 1:
+            while c < my_hi:
+                u_base = first_pos - (c + CHUNK) * BLOCK_N + 1  # the chunk's smallest distance
+                # A chunk whose every (real query, key) pair is allowed (its keys at or below the first query
+                # and within every query's window) skips the mask: all but the chunks at the diagonal and at
+                # a sliding window's lower edge.
+                c_end = tl.minimum(c + CHUNK, my_hi)
+                if UNMASKED_CHUNKS:
+                    interior = (c * BLOCK_N >= tl.maximum(last_pos - window + 1, 0)) & (
+                        c_end * BLOCK_N - 1 <= first_pos
+                    )
+                else:
+                    interior = False  # every chunk masked: one copy of the tile loop
+                # ZERO_FAR: an interior chunk whose every distance is past the table's last row has no relative
+                # term: no table fill, and a third copy of the tile loop without it (the real Inkling's full
+                # layers: all but the chunks within rel_extent of the diagonal)
+                if ZERO_FAR and UNMASKED_CHUNKS:
+                    far = interior & (u_base >= R - 1)
+                else:
+                    far = False
+                if not far:
+                    _fill_relative_table(
+                        r, e_ptr, stride_eh, stride_er, head0, u_base, R, scratch_ptr,
+                        DR, BLOCK_Q, BLOCK_N, U_WIDTH, DOT_PRECISION,
+                    )  # fmt: skip
+                if far:
+                    m_i, l_i, acc = _attend_tiles(
+                        c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
+                        head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
+                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
+                        qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
+                        REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, False, FAR_TEST, u_base, U_WIDTH, False,
+                        INTERPRET,
+                    )  # fmt: skip
+                elif interior:
+                    m_i, l_i, acc = _attend_tiles(
+                        c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
+                        head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
+                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
+                        qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
+                        REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, RELATIVE, FAR_TEST, u_base, U_WIDTH, False,
+                        INTERPRET,
+                    )  # fmt: skip
+                else:
+                    m_i, l_i, acc = _attend_tiles(
+                        c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
+                        head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
+                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
+                        qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
+                        REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, RELATIVE, FAR_TEST, u_base, U_WIDTH, True,
+                        INTERPRET,
+                    )  # fmt: skip
+                c += CHUNK
     else:
         m_i, l_i, acc = _attend_tiles(
             my_lo,
@@ -787,6 +796,8 @@ def bank_attention_kernel(
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         # A split with no keys writes lse = -inf and o = 0: the reduce gives it no weight.
+        if PART > 0:  # the launch's own slot of the two partials
+            split = PART - 1
         row = (split * num_tokens + tok) * num_q_heads + heads
         tl.store(o_part_ptr + row[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))

@@ -34,7 +34,7 @@ class AttentionConfig:
     # How the relative band is sheared for one-head tiles: "gather" (tl.gather in registers), "scratch"
     # (through a per-program float32 scratch in global memory, L1/L2-resident, two barriers per tile), or
     # "chunk": the term of `chunk_tiles` KV tiles at once into a per-program float32 table U of
-    # [block_q, next_pow2(chunk_tiles * block_n + block_q - 1)] (two barriers per chunk), which each tile
+    # [block_q, chunk_tiles * block_n + block_q - 1 rounded up to block_n] (two barriers per chunk), which each tile
     # reads sheared by plain loads, so the tile loop has no barrier and Triton pipelines its K/V loads
     # (compiled for sm_90, the scratch form's loop had no cp.async at all).
     shear: str = "gather"
@@ -63,6 +63,10 @@ class AttentionConfig:
     # False: no relative term at all. A timing probe of the kernel's floor (bench/sm90.py's variants), whose
     # result is NOT the op's; choose_config never sets it.
     relative: bool = True
+    # shear="chunk" on a layer whose table ends inside every query's window (full layers): the far tiles
+    # (no relative term, nothing masked) in a launch of their own, whose kernel holds that loop alone and so
+    # its registers, the rest in a second launch; their two partial results merged as split-KV's are.
+    far_launch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("heads", "block_q", "block_n"):
@@ -218,7 +222,12 @@ def kernel_constexprs(
     rel_gemv = config.rel_gemv and config.heads > 1 and max_seqlen_q > 1
     u_width = 0
     if config.shear == "chunk" and one_head_tiles:
-        u_width = triton.next_power_of_2(config.chunk_tiles * config.block_n + config.block_q - 1)
+        # Whole key tiles (the table is filled block_n columns a dot), not a power of two: 640 columns, not
+        # 1024, for a sliding layer's 9 tiles of 64 (its 512-token window and the diagonal's tile in one table).
+        u_width = (
+            triton.cdiv(config.chunk_tiles * config.block_n + config.block_q - 1, config.block_n)
+            * config.block_n
+        )
     return dict(
         D=D,
         DR=Dr,
@@ -244,6 +253,7 @@ def kernel_constexprs(
         INTERPRET=interpreting(),
         LOG_SCALE=log_scale,
         ZERO_FAR=True,
+        PART=0,  # every tile in one launch (`far_launches` makes two)
     )
 
 
@@ -350,13 +360,18 @@ def _attention(
     group = Hq // Hkv
     _check(config.heads in (1, group), f"config.heads must be 1 or the GQA group {group}")
     splits = config.num_splits
-    if splits > 1:
-        o_part = torch.empty((splits, T, Hq, D), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((splits, T, Hq), dtype=torch.float32, device=q.device)
-    else:
-        o_part = lse_part = out  # unused
     grid = (triton.cdiv(max_seqlen_q, config.block_q), B * (Hq // config.heads), splits)
     constexprs = kernel_constexprs(config, max_seqlen_q, group, D, r.shape[-1], BS, q.dtype, log_floor > 0)
+    parts = (0,)  # the kernel's PART: 0 every tile in one launch
+    if far_launches(config, constexprs, window, table.shape[0], block_table.shape[1] * BS):
+        parts = (1, 2)
+        constexprs["SPLIT"] = True  # each part writes a partial (o, lse); its tiles are the one split's
+    partials = max(splits, len(parts)) if constexprs["SPLIT"] else 0
+    if partials:
+        o_part = torch.empty((partials, T, Hq, D), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((partials, T, Hq), dtype=torch.float32, device=q.device)
+    else:
+        o_part = lse_part = out  # unused
     row = scratch_row(constexprs)
     if row:
         scratch = torch.empty(
@@ -366,22 +381,33 @@ def _attention(
         )
     else:
         scratch = out  # unused
-    kernels.bank_attention_kernel[grid](
-        q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, out, o_part, lse_part, scratch,
-        q.stride(0), q.stride(1), r.stride(0), r.stride(1), 0, table.stride(0),  # one table for every head
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_table.stride(0), out.stride(0), out.stride(1), T, Hq, splits, table.shape[0],
-        window if window > 0 else FULL_WINDOW, scale, log_floor or 1.0, log_alpha,
-        **constexprs,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
-    if splits > 1:
+    for part in parts:
+        kernels.bank_attention_kernel[grid](
+            q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, out, o_part, lse_part,
+            scratch, q.stride(0), q.stride(1), r.stride(0), r.stride(1), 0, table.stride(0),  # one table, all heads
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            block_table.stride(0), out.stride(0), out.stride(1), T, Hq, splits, table.shape[0],
+            window if window > 0 else FULL_WINDOW, scale, log_floor or 1.0, log_alpha,
+            **(constexprs | {"PART": part}),
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
+    if partials:
         kernels.split_kv_reduce_kernel[(T, Hq)](
-            o_part, lse_part, out, out.stride(0), out.stride(1), T, Hq, splits,
-            D=D, SPLITS_P2=triton.next_power_of_2(splits),
+            o_part, lse_part, out, out.stride(0), out.stride(1), T, Hq, partials,
+            D=D, SPLITS_P2=triton.next_power_of_2(partials),
         )  # fmt: skip
     return out
+
+
+def far_launches(config: AttentionConfig, constexprs: dict, window: int, rows: int, max_kv: int) -> bool:
+    """Whether a launch's far tiles go in a launch of their own (AttentionConfig.far_launch): the chunked
+    table with its far loop, unsplit, on a layer whose table (`rows` rows, the last zero) ends inside every
+    query's window (a full layer; a sliding layer's window is its extent), over sequences that may hold
+    keys that far (`max_kv`: the block tables' capacity in tokens)."""
+    chunked = constexprs["U_WIDTH"] > 0 and constexprs["ZERO_FAR"] and constexprs["UNMASKED_CHUNKS"]
+    far = (window <= 0 or window >= rows) and max_kv > rows + config.block_n
+    return config.far_launch and chunked and config.num_splits == 1 and far
 
 
 def kv_cache_write(

@@ -160,6 +160,21 @@ FORMS = [
     ("chunk-3-far-loop", FULL, [(120, 120), (100, 37), (58, 2)], _cfg(shear="chunk", chunk_tiles=3)),
     # a window wider than the extent (not the published shapes): far tiles above a masked window edge
     ("chunk-far-window", WIDE_WINDOW, CHUNKED + [(90, 16)], _cfg(shear="chunk", chunk_tiles=1)),
+    # the far tiles in a launch of their own, merged with the rest's: programs with far tiles, with none
+    # (the diagonal's, prompts shorter than the extent), and above a window's edge
+    (
+        "chunk-3-far-launch",
+        FULL,
+        [(120, 120), (100, 37), (58, 2), (12, 12)],
+        _cfg(shear="chunk", chunk_tiles=3, far_launch=True),
+    ),  # fmt: skip
+    (
+        "chunk-far-launch-window",
+        WIDE_WINDOW,
+        CHUNKED + [(90, 16)],
+        _cfg(shear="chunk", chunk_tiles=1, far_launch=True),
+    ),  # fmt: skip
+    # a table of 48 columns (2 tiles of 16 and 15 query rows, rounded to a tile), not a power of two
     ("chunk-2-sliding", SLIDING, CHUNKED, _cfg(shear="chunk", chunk_tiles=2, num_splits=2)),
     ("chunk-masked", FULL, PREFILL, _cfg(shear="chunk", chunk_tiles=1, unmasked_chunks=False)),
     ("scratch", FULL, CHUNKED, _cfg(shear="scratch", num_splits=2)),
@@ -176,6 +191,18 @@ def test_kernel_forms(layer, seqs, config):
     batch = make_batch(seqs, layer)
     out = launcher.bank_attention(*batch.args, config=config)
     assert_close(out, batch.truth, 1e-4)
+
+
+def test_far_launches_where_far_tiles_may_exist():
+    """The far tiles' own launch (AttentionConfig.far_launch) is taken on a full layer whose block tables
+    reach past the table's extent, and not on a sliding layer (its window is its extent) or a short one."""
+    config = _cfg(shear="chunk", far_launch=True)
+    constexprs = launcher.kernel_constexprs(config, 64, 8, 16, 16, 16, torch.float32, log_scale=True)
+    rows = FULL.extent + 1
+    assert launcher.far_launches(config, constexprs, FULL.window, rows, max_kv=128)
+    assert not launcher.far_launches(config, constexprs, SLIDING.window, SLIDING.extent + 1, max_kv=128)
+    assert not launcher.far_launches(config, constexprs, FULL.window, rows, max_kv=rows + 16)
+    assert not launcher.far_launches(_cfg(shear="chunk"), constexprs, FULL.window, rows, max_kv=128)
 
 
 def test_zero_beyond_the_extent_and_log_scaling_are_the_kernels_own():
