@@ -302,6 +302,7 @@ def time_variants(out: str) -> int:
             q_len,
             seq_len,
             torch.cuda.get_device_properties(0).multi_processor_count,
+            window=layer["window"],
         )
         bound = prefill_flops(layer, seq_len, q_len) / FLOPS * 1e3
         for config in [default] + [c for c in PREFILL_VARIANTS if c != default]:

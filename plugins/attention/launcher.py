@@ -110,8 +110,10 @@ def choose_config(
     max_kv_len: int,
     num_sms: int,
     float32: bool = False,
+    window: int = 0,
 ) -> AttentionConfig:
-    """Tiles and splits from shapes only: (batch, heads, max_seqlen_q, max KV length bucket).
+    """Tiles and splits from shapes only: (batch, heads, max_seqlen_q, max KV length bucket), and the
+    layer's kind (window > 0: a sliding layer).
 
     max_kv_len is a bound known on the host (block-table capacity, or window + max_seqlen_q for
     sliding layers); each split then takes its share of the tiles of the device-side seq_len.
@@ -131,6 +133,7 @@ def choose_config(
     if packed and float32 and not small:
         # float32 packs at most 32 rows (a verify of group 8 did not compile within 90 s on the H200)
         packed = group * block_q <= 32
+    far_launch = False
     if packed:
         # decode / verify: the GQA group's heads share every K/V tile
         # (H200, bench/results/attention.md: decode block_n 128 beat 64 by 1.1-2x; verify 64 beat 128)
@@ -163,11 +166,17 @@ def choose_config(
         # the band sheared through a scratch per tile, 18.1-22.6 for 8 warps or other tiles; tl.gather,
         # 2026-11-29, 21.4). float32 keeps the scratch form: the chunk form's second tile loop (unmasked
         # chunks) would double the IEEE dots' long sm_90 compile.
+        # One H100, 2026-12-07 (bench/results/gpu-2026-12-07/h100-attention-variants/): a sliding layer's 8K
+        # prefill 1.91 ms through the scratch against 2.45 for the chunked table (2.44 with the whole window
+        # in one table); its every tile carries the term, so the table's pipelined loop gains nothing there.
+        # A full layer's far tiles in their own launch: an 8K chunk at the end of 128K keys 127.1 ms against
+        # 146.4 in one launch, an 8K prompt 6.46 against 6.43.
         heads = 1
         block_q = 16 if small else 64
         block_n = 16 if small else 64
         num_warps, num_stages = 4, 2
-        shear = "scratch" if float32 else "chunk"
+        shear = "scratch" if float32 or window > 0 else "chunk"
+        far_launch = not float32
         rel_dot = rel_gemv = False
         if float32 and not small:
             block_q = 32
@@ -204,6 +213,7 @@ def choose_config(
         shear=shear,
         rel_dot=rel_dot,
         rel_gemv=rel_gemv,
+        far_launch=far_launch,
     )
 
 
@@ -355,7 +365,14 @@ def _attention(
         if window > 0:
             max_kv = min(max_kv, window + max_seqlen_q - 1)
         config = choose_config(
-            B, Hq, Hkv, max_seqlen_q, max_kv, _num_sms(q.device), float32=q.dtype == torch.float32
+            B,
+            Hq,
+            Hkv,
+            max_seqlen_q,
+            max_kv,
+            _num_sms(q.device),
+            float32=q.dtype == torch.float32,
+            window=window,
         )
     group = Hq // Hkv
     _check(config.heads in (1, group), f"config.heads must be 1 or the GQA group {group}")

@@ -257,7 +257,13 @@ def test_choose_config_is_shape_only(monkeypatch):
     monkeypatch.undo()
     prefill = launcher.choose_config(4, 64, 8, 4096, 4096, num_sms=132)
     assert prefill.heads == 1 and prefill.num_splits == 1 and prefill.shear == "chunk"
-    assert prefill.chunk_tiles == 3 and prefill.table_dtype == "float32"
+    assert prefill.chunk_tiles == 3 and prefill.table_dtype == "float32" and prefill.far_launch
+    sliding = launcher.choose_config(4, 64, 16, 4096, 4096 + 511, num_sms=132, window=512)
+    assert sliding.heads == 1 and sliding.shear == "scratch"  # every tile carries the term
+    assert (
+        not decode.far_launch
+        and not launcher.choose_config(4, 64, 8, 4096, 4096, 132, float32=True).far_launch
+    )
     assert launcher.choose_config(4, 64, 8, 4096, 4096, num_sms=132, float32=True).shear == "scratch"
     for q_len, block_q in ((2, 2), (4, 4), (8, 8), (9, 8), (16, 8)):  # a verify of group 8: a GEMV per
         verify = launcher.choose_config(2, 64, 8, q_len, 8192, num_sms=132)  # query row, tiles of 8 rows
