@@ -285,8 +285,8 @@ def time_floor(op_args, raw, layer, seq_len: int, q_len: int, name: str, bound: 
     return rows
 
 
-def time_variants(out: str) -> int:
-    """Each prefill case with the launcher's tiles, then PREFILL_VARIANTS: a table in variants.md."""
+def time_variants(out: str, variants: list[AttentionConfig] = PREFILL_VARIANTS) -> int:
+    """Each prefill case with the launcher's tiles, then `variants`: a table in variants.md."""
     cases = [
         ("prefill 8K, full layer", FULL, 8192, 8192),
         ("prefill 8K, sliding layer", SLIDING, 8192, 8192),
@@ -305,7 +305,7 @@ def time_variants(out: str) -> int:
             window=layer["window"],
         )
         bound = prefill_flops(layer, seq_len, q_len) / FLOPS * 1e3
-        for config in [default] + [c for c in PREFILL_VARIANTS if c != default]:
+        for config in [default] + [c for c in variants if c != default]:
             t0 = time.perf_counter()
             row = {"work": name, "variant": short(config), "default": config == default, "bound_ms": bound}
             try:
@@ -364,10 +364,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants", action="store_true", help="time the prefill tiles (PREFILL_VARIANTS) instead"
     )
+    ap.add_argument(
+        "--launcher-only",
+        action="store_true",
+        help="with --variants: the launcher's tiles alone, beside SDPA and the minimal flash kernel",
+    )
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.variants:
-        return time_variants(args.out)
+        return time_variants(args.out, [] if args.launcher_only else PREFILL_VARIANTS)
     rows = []
     cases = [
         ("prefill 8K, full layer", FULL, 1, 8192, 8192),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from inkling.published.config import InklingConfig
 
 BANDWIDTH = 4.35e12  # B/s, GPU.md
@@ -68,10 +70,28 @@ def expected_distinct_experts(c: InklingConfig, tokens: int) -> float:
     return E * (1 - (1 - k / E) ** tokens)
 
 
-def decode_batch_seconds(c: InklingConfig, kv_len: int, batch: int) -> float:
-    """The bound of one decode step of `batch` sequences: the weights (the experts the batch touches) and
-    the unembedding once, each sequence's KV and bank rows."""
-    one = decode_step_bytes(c, kv_len, round(expected_distinct_experts(c, batch)))
+def routed_distinct_experts(loads, top_k: int, tokens: int) -> float | None:
+    """Routed experts a MoE layer is expected to touch for `tokens` tokens under a measured routing: loads
+    [MoE layers, E], the tokens each expert received (runtime/expert_load.py). Each token picks expert e
+    with probability top_k * e's share of the layer's picks, independently of the other tokens; the mean over
+    the layers. Even loads give `expected_distinct_experts`. Shares pooled over many steps overstate a
+    single step's spread where routing drifts between steps. None without loads."""
+    loads = np.asarray(loads, dtype=np.float64)
+    if loads.ndim != 2 or loads.sum() == 0:
+        return None
+    loads = loads[loads.sum(-1) > 0]
+    pick = np.minimum(top_k * loads / loads.sum(-1, keepdims=True), 1.0)
+    return float((1 - (1 - pick) ** tokens).sum(-1).mean())
+
+
+def decode_batch_seconds(
+    c: InklingConfig, kv_len: int, batch: int, distinct_experts: float | None = None
+) -> float:
+    """The bound of one decode step of `batch` sequences: the weights (the experts the batch touches: uniform
+    routing's expectation, or `distinct_experts`) and the unembedding once, each sequence's KV and bank rows."""
+    if distinct_experts is None:
+        distinct_experts = expected_distinct_experts(c, batch)
+    one = decode_step_bytes(c, kv_len, round(distinct_experts))
     return (one.weights + one.lm_head + batch * (one.rel_embed + one.kv)) / BANDWIDTH
 
 

@@ -47,7 +47,7 @@ from inkling.published.config import preset
 from inkling.published.synth import iter_tensors
 from runtime import LLM, PromptInput, SamplingParams
 
-from .bound import decode_batch_seconds, decode_step_bytes, prefill_flops
+from .bound import decode_batch_seconds, decode_step_bytes, prefill_flops, routed_distinct_experts
 from .profiling import write_profile
 
 DEFAULT_BATCHES = "1,8,32,64"  # the decode batches: batch 1, then throughput at 8, 32 and 64 (issue 12)
@@ -300,6 +300,7 @@ def decode_run(
         dt = time.perf_counter() - start
         if decoding_since is None:
             if all(tokens.values()):
+                eng.runner.read_expert_load()  # the prefills' routing is not the decode's
                 decoding_since = time.perf_counter()
             continue
         if _captures(eng.runner) > captures:
@@ -315,6 +316,7 @@ def decode_run(
             for name in names:
                 eng.abort_request(name)
             break
+    loads = eng.runner.read_expert_load()  # the decode steps' routing, timed or not
     median = statistics.median(steps)
     tenths = statistics.quantiles(steps, n=10) if len(steps) > 1 else [median] * 9
     figures = {
@@ -336,6 +338,7 @@ def decode_run(
         "throughput_tokens_per_s": decoded / sum(steps),
         # Sequences recomputed because the KV cache ran out (a GPU whose cache holds fewer than the batch)
         "preemptions": eng.scheduler.num_preemptions - preempted_before,
+        "expert_loads": loads,  # [MoE layers, E] tokens each expert received in the decode steps
     }
     if drafts:  # this run's MTP steps: tokens per step, bonus included
         mtp_steps = eng.acceptance.steps - accepted_before[0]
@@ -405,6 +408,16 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
     for batch in batches:
         reqs = user_prompts(config, args.prompt_len, batch, args.seed)
         results["decode"][batch], _ = decode_run(llm, reqs, args, profile=batch == args.profile_batch)
+        # The batch's bound again with the experts its routing touched (uniform routing's are the bound's)
+        distinct = routed_distinct_experts(
+            results["decode"][batch].pop("expert_loads"), config.text.num_experts_per_tok, batch
+        )
+        if distinct is not None:
+            results["decode"][batch]["routed_distinct_experts"] = distinct
+            kv_len = args.prompt_len + args.output_len // 2  # as the bound's
+            results["decode"][batch]["step_bound_routed_s"] = decode_batch_seconds(
+                config, kv_len, batch, distinct
+            )
         if args.cuda_graphs:
             results["decode"][batch]["graph_stats"] = llm.engine.runner.graph_stats()
         results["decode"][batch]["overlap"] = llm.engine.overlap
@@ -533,6 +546,14 @@ def _decode_rows(r: dict, label: str) -> list[str]:
                 f"| {label}throughput tokens/s, batch {batch} | {d['throughput_tokens_per_s']:.1f} | "
                 f"{int(batch) / step_bound:.0f} (step {step_bound * 1e3:.3g} ms) | {fraction:.1%}{above} |"
             )
+            routed = d.get("step_bound_routed_s")
+            if routed:  # the same against the experts the measured routing touches
+                lines.append(
+                    f"| {label}throughput tokens/s, batch {batch}, against the bound of its measured routing "
+                    f"({d['routed_distinct_experts']:.0f} experts a layer) | {d['throughput_tokens_per_s']:.1f} | "
+                    f"{int(batch) / routed:.0f} (step {routed * 1e3:.3g} ms) | "
+                    f"{d['throughput_tokens_per_s'] * routed / int(batch):.1%} |"
+                )
         else:
             lines.append(
                 f"| {label}throughput tokens/s, batch {batch} | {d['throughput_tokens_per_s']:.1f} | | |"

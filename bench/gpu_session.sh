@@ -11,6 +11,8 @@
 #     bash bench/gpu_session.sh attention     # 1 GPU: bench.bank_attention on the real shapes, peers included
 #     bash bench/gpu_session.sh attention-variants  # 1 GPU: the attention kernel's GPU tests, then the prefill
 #                                             #   tiles and a minimal flash kernel timed (bench.bank_attention --variants)
+#     bash bench/gpu_session.sh attention-check  # 1 GPU: the attention kernel's GPU tests, the CUDA engine against
+#                                             #   transformers, the launcher's prefill tiles timed (carry [".whl"])
 #     bash bench/gpu_session.sh moe           # 1 GPU: the MoE launcher's GPU tests, then bench/moe.py on the real
 #                                             #   layer (tuning, bound, bf16 peer)
 #     bash bench/gpu_session.sh moe-decode    # 1 GPU: the decode kernels' GPU tests, their variants timed, the tuned op
@@ -220,6 +222,15 @@ profile)
 attention)
     run bank_attention 400 python3 -m bench.bank_attention --out "$OUT/attn"
     pack attention
+    ;;
+attention-check)
+    # After a change to the attention kernel or its defaults: its GPU tests, the CUDA engine against
+    # transformers (carry [".whl"]), then the launcher's prefill tiles timed beside SDPA and the flash floor
+    with_transformers
+    run bank_attention_gpu 150 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
+    run published_gpu 240 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run variants 150 python3 -m bench.bank_attention --variants --launcher-only --out "$OUT/attn"
+    pack attention-check
     ;;
 attention-variants)
     run bank_attention_gpu "${TEST_LIMIT:-150}" "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py

@@ -21,8 +21,9 @@ which it does not do for a loop with one (the per-tile scratch shear's two barri
 
 The real Inkling's bank (`inkling::bank_attention`) is the same term with one table for every head
 (stride_eh = 0): its [d_rel, X] bank transposed, with a zero row appended at distance X, so that R = X + 1
-and "clipped to R - 1" reads zero, as the real model's term is beyond its extent (ZERO_FAR then skips the
-chunks past it). Its log scaling (LOG_SCALE) scales q and r per query row.
+and "clipped to R - 1" reads zero, as the real model's term is beyond its extent (ZERO_FAR then runs the
+tiles past it in a loop of their own, without the term or a mask, or in a launch of their own: PART). Its
+log scaling (LOG_SCALE) scales the scores and r per query row.
 """
 
 import triton
@@ -217,11 +218,23 @@ def _attend_tile(
     offs_d = tl.arange(0, D)
     j0 = t * BLOCK_N
     offs_n = j0 + tl.arange(0, BLOCK_N)
-    kv_ok = (offs_n >= lo) & (offs_n < hi)
-    block = tl.load(block_table_ptr + seq * stride_bt + offs_n // PAGE, mask=kv_ok, other=0).to(tl.int64)
+    # An unmasked tile's keys are all in [lo, hi) (the callers' far and interior tiles), so its loads need no
+    # mask; dropped where the tile has no term either (the far loop: 179 -> 165 registers at 64 x 64 on
+    # sm_90), kept in the chunk loops (dropped there too, the spills of the kernel holding them grew)
+    LOADS_MASKED: tl.constexpr = MASKED or RELATIVE
+    block_ptrs = block_table_ptr + seq * stride_bt + offs_n // PAGE
+    if LOADS_MASKED:
+        kv_ok = (offs_n >= lo) & (offs_n < hi)
+        block = tl.load(block_ptrs, mask=kv_ok, other=0).to(tl.int64)
+    else:
+        kv_ok = offs_n >= 0  # unused
+        block = tl.load(block_ptrs).to(tl.int64)
     in_page = offs_n % PAGE
     k_offs = block * stride_kb + in_page * stride_ks + kv_head * stride_kh
-    k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=kv_ok[None, :], other=0.0)
+    if LOADS_MASKED:
+        k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=kv_ok[None, :], other=0.0)
+    else:
+        k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None])
     s = (
         tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
     )  # [M, BLOCK_N], log2 units (qk_scale: [M, 1] with LOG_SCALE)
@@ -293,12 +306,18 @@ def _attend_tile(
         s = tl.where(allowed, s, float("-inf"))
 
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if LOADS_MASKED:  # a row may have no allowed key yet
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:  # every score is finite
+        m_safe = m_new
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v_offs = block * stride_vb + in_page * stride_vs + kv_head * stride_vh
-    v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+    if LOADS_MASKED:
+        v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+    else:
+        v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :])
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     m_i = m_new
     return m_i, l_i, acc
@@ -691,28 +710,14 @@ def bank_attention_kernel(
                     )
                 else:
                     interior = False  # every chunk masked: one copy of the tile loop
-                # ZERO_FAR: an interior chunk whose every distance is past the table's last row has no relative
-                # term: no table fill, and a third copy of the tile loop without it (the real Inkling's full
-                # layers: all but the chunks within rel_extent of the diagonal)
-                if ZERO_FAR and UNMASKED_CHUNKS:
-                    far = interior & (u_base >= R - 1)
-                else:
-                    far = False
-                if not far:
-                    _fill_relative_table(
-                        r, e_ptr, stride_eh, stride_er, head0, u_base, R, scratch_ptr,
-                        DR, BLOCK_Q, BLOCK_N, U_WIDTH, DOT_PRECISION,
-                    )  # fmt: skip
-                if far:
-                    m_i, l_i, acc = _attend_tiles(
-                        c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
-                        head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,
-                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, R, window,
-                        qk_scale, D, DR, DR_SLICE, HEADS, BLOCK_Q, BLOCK_N, BAND, BAND_3D, SINGLE_QUERY, REL_DOT,
-                        REL_GEMV, PAGE, DOT_PRECISION, scratch_ptr, SCRATCH, False, FAR_TEST, u_base, U_WIDTH, False,
-                        INTERPRET,
-                    )  # fmt: skip
-                elif interior:
+                # Chunks wholly past the table's last row (ZERO_FAR) are the far loop's, above; one only reaches
+                # here behind a window's edge inside the first tile (not the published shapes), and takes the
+                # table, zero there. (A copy of the tile loop for them had cost the kernel registers.)
+                _fill_relative_table(
+                    r, e_ptr, stride_eh, stride_er, head0, u_base, R, scratch_ptr,
+                    DR, BLOCK_Q, BLOCK_N, U_WIDTH, DOT_PRECISION,
+                )  # fmt: skip
+                if interior:
                     m_i, l_i, acc = _attend_tiles(
                         c, c_end, q, r, r_last, pos, row_ok, m_i, l_i, acc, lo, hi, first_pos, num_rows, seq,
                         head0, kv_head, e_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, stride_eh, stride_er,

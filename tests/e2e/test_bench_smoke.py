@@ -31,6 +31,10 @@ def test_e2e_benchmark_parts_and_merge(tmp_path):
     bounds = r["bound"]["decode_batch_step_s"]  # batch 2: more experts and KV than batch 1, less than twice
     assert bounds["1"] < bounds["2"] < 2 * bounds["1"] and "| throughput tokens/s, batch 2 |" in table
     assert f"(step {bounds['2'] * 1e3:.3g} ms)" in table
+    # the bound again with the experts the decode's routing touched (inkling-tiny: 16 experts, top 6)
+    routed = r["decode"]["2"]
+    assert 6 <= routed["routed_distinct_experts"] <= 16 and routed["step_bound_routed_s"] > 0
+    assert "against the bound of its measured routing" in table
 
     # the MTP part: the preset's depths are synthesized; random depths accept little, so tokens per step stay
     # near 1 (acceptance length >= 1 by the bonus token). --fixed_drafts keeps drafting (the adaptive policy

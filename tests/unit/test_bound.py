@@ -1,8 +1,15 @@
 """The hardware bound of a decode step and a prefill (bench/bound.py) on the real Inkling's shapes."""
 
+import numpy as np
 import pytest
 
-from bench.bound import decode_batch_seconds, decode_step_bytes, expected_distinct_experts, prefill_flops
+from bench.bound import (
+    decode_batch_seconds,
+    decode_step_bytes,
+    expected_distinct_experts,
+    prefill_flops,
+    routed_distinct_experts,
+)
 from inkling.published.config import preset
 
 
@@ -18,6 +25,22 @@ def test_bench_step_bytes_and_batches():
     steps = [decode_batch_seconds(c, 8192, b) for b in (1, 8, 32, 64)]
     assert steps == sorted(steps) and steps[-1] < 8 * steps[0]
     assert decode_step_bytes(c, 8192, distinct_experts=256).weights > one.weights
+
+
+def test_the_bound_of_a_measured_routing():
+    """Even loads touch uniform routing's experts; loads on a quarter of the experts touch at most that
+    quarter, and a batch's bound with them is below uniform routing's. Layers without loads are left out."""
+    c = preset("inkling-bench", nvfp4=True)
+    k = c.text.num_experts_per_tok
+    even = np.full((6, 256), 100)
+    assert routed_distinct_experts(even, k, 32) == pytest.approx(expected_distinct_experts(c, 32))
+    skewed = np.zeros((6, 256))
+    skewed[:, :64] = 100
+    skewed[5] = 0  # a layer that saw no tokens
+    distinct = routed_distinct_experts(skewed, k, 32)
+    assert 60 < distinct <= 64
+    assert decode_batch_seconds(c, 8192, 32, distinct) < decode_batch_seconds(c, 8192, 32)
+    assert routed_distinct_experts(np.zeros((6, 256)), k, 32) is None
 
 
 def test_prefill_grows_faster_than_the_prompt():
