@@ -594,7 +594,8 @@ def bank_attention_kernel(
     INTERPRET: tl.constexpr,
     LOG_SCALE: tl.constexpr = False,  # logits times tau(i) = 1 + log_alpha ln(max(1, (i + 1) / log_floor))
     ZERO_FAR: tl.constexpr = False,  # the table's row R - 1 is zero: tiles past it carry no relative term
-    PART: tl.constexpr = 0,  # ZERO_FAR chunks: 1 the far tiles alone, 2 the rest; each a partial (o, lse)
+    PART: tl.constexpr = 0,  # ZERO_FAR chunks: 1 the far tiles alone, a partial (o, lse) in split 0's slot
+    # (SPLIT, one split); 2 the rest, joined with that partial into the output
 ):
     M: tl.constexpr = HEADS * BLOCK_Q
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest (causal) tiles start first
@@ -794,15 +795,27 @@ def bank_attention_kernel(
             INTERPRET,
         )
 
+    if PART == 2:
+        # The far tiles' launch (PART 1) left this program's rows their partial (o, lse): join it as one more
+        # tile whose running maximum is its lse and whose sum is 1 (PART 1's slot, split 0)
+        row1 = tok * num_q_heads + heads
+        o1 = tl.load(o_part_ptr + row1[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        lse1 = tl.load(lse_part_ptr + row1, mask=row_ok, other=float("-inf"))
+        m_new = tl.maximum(m_i, lse1)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a1 = tl.exp2(lse1 - m_safe)
+        a2 = tl.exp2(m_i - m_safe)
+        l_i = l_i * a2 + a1
+        acc = acc * a2[:, None] + o1 * a1[:, None]
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if not SPLIT:
         o_ptrs = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        # A split with no keys writes lse = -inf and o = 0: the reduce gives it no weight.
-        if PART > 0:  # the launch's own slot of the two partials
-            split = PART - 1
+        # A split with no keys writes lse = -inf and o = 0: the reduce (or PART 2) gives it no weight.
+        if PART == 1:  # one split: slot 0
+            split = 0
         row = (split * num_tokens + tok) * num_q_heads + heads
         tl.store(o_part_ptr + row[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))

@@ -65,7 +65,8 @@ class AttentionConfig:
     relative: bool = True
     # shear="chunk" on a layer whose table ends inside every query's window (full layers): the far tiles
     # (no relative term, nothing masked) in a launch of their own, whose kernel holds that loop alone and so
-    # its registers, the rest in a second launch; their two partial results merged as split-KV's are.
+    # its registers, writes a partial result (o, lse) that the second launch, the rest, joins into the
+    # output (one float32 [T, Hq, D] buffer between them, no reduce).
     far_launch: bool = False
 
     def __post_init__(self) -> None:
@@ -379,11 +380,12 @@ def _attention(
     splits = config.num_splits
     grid = (triton.cdiv(max_seqlen_q, config.block_q), B * (Hq // config.heads), splits)
     constexprs = kernel_constexprs(config, max_seqlen_q, group, D, r.shape[-1], BS, q.dtype, log_floor > 0)
-    parts = (0,)  # the kernel's PART: 0 every tile in one launch
+    # The kernel's PART: 0 every tile in one launch; 1 the far tiles, a partial (o, lse) in one slot, which
+    # 2, the rest, joins into the output
+    parts = (0,)
     if far_launches(config, constexprs, window, table.shape[0], block_table.shape[1] * BS):
         parts = (1, 2)
-        constexprs["SPLIT"] = True  # each part writes a partial (o, lse); its tiles are the one split's
-    partials = max(splits, len(parts)) if constexprs["SPLIT"] else 0
+    partials = splits if constexprs["SPLIT"] else len(parts) - 1
     if partials:
         o_part = torch.empty((partials, T, Hq, D), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((partials, T, Hq), dtype=torch.float32, device=q.device)
@@ -406,10 +408,10 @@ def _attention(
             value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
             block_table.stride(0), out.stride(0), out.stride(1), T, Hq, splits, table.shape[0],
             window if window > 0 else FULL_WINDOW, scale, log_floor or 1.0, log_alpha,
-            **(constexprs | {"PART": part}),
+            **(constexprs | {"PART": part, "SPLIT": constexprs["SPLIT"] or part == 1}),
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
-    if partials:
+    if constexprs["SPLIT"]:
         kernels.split_kv_reduce_kernel[(T, Hq)](
             o_part, lse_part, out, out.stride(0), out.stride(1), T, Hq, partials,
             D=D, SPLITS_P2=triton.next_power_of_2(partials),
