@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": args.temperature,
         "batches": [int(b) for b in args.batches.split(",")],
     }
-    kv_len = args.prompt_len + args.output_len // 2  # a decode step's context, midway through the output
+    kv_len = decode_kv_len(args)
     bound = decode_step_bytes(config, kv_len)
     results["bound"] = {
         "decode_bytes_per_step": bound.total,
@@ -253,6 +253,11 @@ def join_runs(runs: list[dict]) -> dict:
         )
     joined["batches"] = sorted({b for run in runs for b in _requested_batches(run)})
     return joined
+
+
+def decode_kv_len(args: argparse.Namespace) -> int:
+    """The context a decode step's bound assumes: midway through the output."""
+    return args.prompt_len + args.output_len // 2
 
 
 def decode_run(
@@ -414,9 +419,8 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
         )
         if distinct is not None:
             results["decode"][batch]["routed_distinct_experts"] = distinct
-            kv_len = args.prompt_len + args.output_len // 2  # as the bound's
             results["decode"][batch]["step_bound_routed_s"] = decode_batch_seconds(
-                config, kv_len, batch, distinct
+                config, decode_kv_len(args), batch, distinct
             )
         if args.cuda_graphs:
             results["decode"][batch]["graph_stats"] = llm.engine.runner.graph_stats()

@@ -227,7 +227,6 @@ def _attend_tile(
         kv_ok = (offs_n >= lo) & (offs_n < hi)
         block = tl.load(block_ptrs, mask=kv_ok, other=0).to(tl.int64)
     else:
-        kv_ok = offs_n >= 0  # unused
         block = tl.load(block_ptrs).to(tl.int64)
     in_page = offs_n % PAGE
     k_offs = block * stride_kb + in_page * stride_ks + kv_head * stride_kh
@@ -235,9 +234,8 @@ def _attend_tile(
         k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=kv_ok[None, :], other=0.0)
     else:
         k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None])
-    s = (
-        tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-    )  # [M, BLOCK_N], log2 units (qk_scale: [M, 1] with LOG_SCALE)
+    # [M, BLOCK_N], log2 units (qk_scale: [M, 1] with LOG_SCALE)
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
 
     if not RELATIVE:
         pass  # the timing probe without the relative term (AttentionConfig.relative)
@@ -814,7 +812,7 @@ def bank_attention_kernel(
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         # A split with no keys writes lse = -inf and o = 0: the reduce (or PART 2) gives it no weight.
-        if PART == 1:  # one split: slot 0
+        if PART == 1:  # one split: slot 0 (a constant, not program_id(2): 165 registers, not 181)
             split = 0
         row = (split * num_tokens + tok) * num_q_heads + heads
         tl.store(o_part_ptr + row[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
