@@ -223,12 +223,22 @@ def test_metrics_under_vllm_names(client, front, llm, engine_f32):
     list(b)
     mtp = client.completions.create(model=MODEL, prompt=long, max_tokens=6, temperature=0,
                                     extra_body={"num_draft_tokens": 2})  # fmt: skip
-    after = scrape()
+    m = {"model_name": MODEL}
+    # The engine's counters and gauges reach Triton's metrics a moment after the answer (the model
+    # publishes them at most every 0.1 s, after sending): scrape until the last request's drafts show.
+    deadline = time.monotonic() + 10
+    while True:
+        after = scrape()
+        settled = metric(after, "vllm:spec_decode_num_drafts_total", **m) > metric(
+            before, "vllm:spec_decode_num_drafts_total", **m
+        ) and not metric(after, "vllm:num_requests_running", **m)
+        if settled or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
 
     def grew(name: str, **labels) -> float:
         return metric(after, name, **labels) - metric(before, name, **labels)
 
-    m = {"model_name": MODEL}
     assert grew("vllm:time_to_first_token_seconds_count", **m) == 3
     assert grew("vllm:e2e_request_latency_seconds_count", **m) == 3
     assert grew("vllm:inter_token_latency_seconds_count", **m) >= 5  # a request's tokens after its first
@@ -244,10 +254,7 @@ def test_metrics_under_vllm_names(client, front, llm, engine_f32):
     assert drafts > 0 and 0 <= grew("vllm:spec_decode_num_accepted_tokens_total", **m) <= drafts
     assert grew("vllm:spec_decode_num_drafts_total", **m) > 0
     assert 0 <= metric(after, "vllm:kv_cache_usage_perc", **m) <= 1
-    deadline = time.monotonic() + 10  # the engine's gauges reach Triton's metrics a moment after the answer
-    while metric(scrape(), "vllm:num_requests_running", **m) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert metric(scrape(), "vllm:num_requests_running", **m) == 0 and "vllm:num_requests_waiting" in after
+    assert metric(after, "vllm:num_requests_running", **m) == 0 and "vllm:num_requests_waiting" in after
     assert "vllm:spec_decode_num_accepted_tokens_per_pos_total" in after
     assert "nv_inference_request_success" in after and "inkling_kv_cache_blocks" in after  # Triton's own
 
