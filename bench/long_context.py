@@ -12,9 +12,10 @@ runs and built in memory, decode steps replayed from CUDA graphs. Prompts are ra
   and the median inter-token latency of its next `--output_len` tokens against the byte bound of a step at
   that context (weights + KV + the relative bank, 4.35 TB/s; bench/bound.py);
 - neighbour: a short request decoding alone, then a prompt of `--neighbour_context` tokens arriving beside
-  it: the short one's inter-token latency idle and while the long prompt fills, once with whole chunks and
-  once with the scheduler's `max_prefill_pairs` (a chunk beside decodes keeps tokens x (context + tokens)
-  within chunk x chunk); the bound is its idle step plus one chunk at the long prompt's context;
+  it: the short one's inter-token latency idle and while the long prompt fills, with whole chunks, with the
+  scheduler's `max_prefill_pairs` (a chunk beside decodes keeps tokens x (context + tokens) within chunk x
+  chunk), and with those chunks paced by `--decode_slowdown` (the short one's mean step within that multiple
+  of its idle step: runtime/scheduler.py PrefillPacer);
 - users: `--users` requests of `--users_context` tokens together: their first tokens, then the batch's
   inter-token latency against the bound of a step of that batch;
 - a torch.profiler table of decode steps at the longest context (host and device time by op).
@@ -39,6 +40,7 @@ from builder.profiles import BuildLog
 from inkling.published.config import preset
 from inkling.published.synth import iter_tensors
 from runtime import LLM, PromptInput, SamplingParams
+from runtime.scheduler import PrefillPacer
 
 from .bound import BANDWIDTH, decode_batch_seconds, decode_step_bytes, prefill_flops
 from .e2e import random_prompt, timed
@@ -86,10 +88,12 @@ class Driver:
 
 def spread(xs: list[float]) -> dict:
     if not xs:
-        return {"median": float("nan"), "p10": float("nan"), "p90": float("nan"), "max": float("nan"), "n": 0}
+        nan = float("nan")
+        return {"median": nan, "mean": nan, "p10": nan, "p90": nan, "max": nan, "n": 0}
     tenths = statistics.quantiles(xs, n=10) if len(xs) > 1 else xs * 9
     return {
         "median": statistics.median(xs),
+        "mean": statistics.fmean(xs),
         "p10": tenths[0],
         "p90": tenths[-1],
         "max": max(xs),
@@ -117,9 +121,19 @@ def one_context(drv: Driver, config, ctx: int, args, seed: int) -> dict:
     }
 
 
-def neighbour(drv: Driver, config, ctx: int, pairs: int | None, seed: int, idle_steps: int = 40) -> dict:
-    """A short request decodes alone for `idle_steps` steps; then a prompt of `ctx` tokens arrives beside it."""
+def neighbour(
+    drv: Driver,
+    config,
+    ctx: int,
+    pairs: int | None,
+    seed: int,
+    slowdown: float | None = None,
+    idle_steps: int = 40,
+) -> dict:
+    """A short request decodes alone for `idle_steps` steps; then a prompt of `ctx` tokens arrives beside it,
+    its chunks cut by `pairs` (max_prefill_pairs) and paced by `slowdown` (decode_slowdown)."""
     drv.eng.scheduler.max_prefill_pairs = pairs
+    drv.eng.scheduler.pacer = None if slowdown is None else PrefillPacer(slowdown)
     n = min(SHORT_PROMPT, drv.eng.build.max_seq_len // 4)
     drv.add("short", random_prompt(config, n, seed), drv.eng.build.max_seq_len - n)
     drv.until(lambda: len(drv.stamps["short"]) >= idle_steps + 1)
@@ -129,11 +143,13 @@ def neighbour(drv: Driver, config, ctx: int, pairs: int | None, seed: int, idle_
     drv.until(lambda: bool(drv.stamps["long"]))
     first = drv.stamps["long"][0]
     during = spread(drv.gaps("short", since=arrived, until=first))
-    out = {"pairs": pairs, "idle_itl_s": idle, "itl_during_prefill_s": during, "long_ttft_s": first - arrived}
+    out = {"pairs": pairs, "slowdown": slowdown, "idle_itl_s": idle, "itl_during_prefill_s": during,
+           "long_ttft_s": first - arrived}  # fmt: skip
     out["worst_of_idle"] = during["max"] / idle["median"]
     out["median_of_idle"] = during["median"] / idle["median"]
+    out["mean_of_idle"] = during["mean"] / idle["mean"]
     drv.abort()
-    drv.eng.scheduler.max_prefill_pairs = None
+    drv.eng.scheduler.max_prefill_pairs, drv.eng.scheduler.pacer = None, None
     return out
 
 
@@ -170,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--users", type=int, default=4)
     ap.add_argument("--users_context", type=int, default=262144)
     ap.add_argument("--neighbour_context", type=int, default=262144)
+    ap.add_argument("--decode_slowdown", type=float, default=2.0,
+                    help="the neighbour's third run paces the long prompt's chunks to this (PrefillPacer)")  # fmt: skip
     ap.add_argument(
         "--phases",
         default="contexts,neighbour,users",
@@ -244,11 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         measure_contexts(sorted(c for c in contexts if c <= args.users_context))
     if "neighbour" in phases:
         results["neighbour"] = []
-        for pairs in (None, args.chunk * args.chunk):
+        pairs = args.chunk * args.chunk
+        for cut, slowdown in ((None, None), (pairs, None), (pairs, args.decode_slowdown)):
             seed += 10
-            r = neighbour(drv, config, args.neighbour_context, pairs, seed)
+            r = neighbour(drv, config, args.neighbour_context, cut, seed, slowdown)
             results["neighbour"].append(r)
-            print(f"[bench] neighbour, max_prefill_pairs {pairs}: {r}", flush=True)
+            print(f"[bench] neighbour, max_prefill_pairs {cut}, decode_slowdown {slowdown}: {r}", flush=True)
             save()
     if "users" in phases:
         seed += 10
@@ -285,15 +304,18 @@ def write_table(r: dict, path: str) -> None:
     if r.get("neighbour"):
         lines += [
             "",
-            "| a short request beside a long prompt | its idle latency | during the prefill: median / p90 / max | long prompt's first token |",
-            "|---|---|---|---|",
+            "| a short request beside a long prompt | its idle latency: median / mean | during the prefill: median / mean / p90 / max | mean over idle mean | long prompt's first token |",
+            "|---|---|---|---|---|",
         ]
         for n in r["neighbour"]:
-            d = n["itl_during_prefill_s"]
+            d, i = n["itl_during_prefill_s"], n["idle_itl_s"]
             how = "whole chunks" if n["pairs"] is None else f"max_prefill_pairs {n['pairs']:,}"
+            if n.get("slowdown"):
+                how += f", decode_slowdown {n['slowdown']:g}"
             lines.append(
-                f"| {how} | {ms(n['idle_itl_s']['median'])} | {ms(d['median'])} / {ms(d['p90'])} / {ms(d['max'])} "
-                f"| {n['long_ttft_s']:.2f} s |"
+                f"| {how} | {ms(i['median'])} / {ms(i.get('mean', float('nan')))} | {ms(d['median'])} / "
+                f"{ms(d.get('mean', float('nan')))} / {ms(d['p90'])} / {ms(d['max'])} "
+                f"| {n.get('mean_of_idle', float('nan')):.2f}x | {n['long_ttft_s']:.2f} s |"
             )
     if r.get("users"):
         u = r["users"]

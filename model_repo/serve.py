@@ -64,6 +64,8 @@ class ServeConfig:
     engine_threads: int = 0  # torch threads of the engine loop (0: torch's default)
     cuda_graphs: bool | None = None  # decode/verify steps from CUDA graphs (None: the runtime's default)
     overlap: bool | None = None  # overlapped decode steps (None: the runtime's default)
+    max_prefill_pairs: int = 0  # beside decodes, a chunk's tokens x (context + tokens) within it (0: no cap)
+    decode_slowdown: float = 0.0  # beside a prefill, decodes' mean step within this x their own (0: unpaced)
     engine_process: bool = True  # the engine in a process of its own (runtime.engine_process), not the stub's
     log_verbose: int = 0
 
@@ -190,6 +192,8 @@ def template_values(cfg: ServeConfig) -> dict[str, str]:
         "engine_threads": str(cfg.engine_threads),
         "cuda_graphs": SWITCH[cfg.cuda_graphs],
         "overlap": SWITCH[cfg.overlap],
+        "max_prefill_pairs": str(cfg.max_prefill_pairs),
+        "decode_slowdown": str(cfg.decode_slowdown),
         "engine_process": SWITCH[cfg.engine_process],
         "max_text_bytes": str(cfg.max_text_bytes),
         "max_images": str(cfg.max_images),
@@ -433,6 +437,20 @@ def main(argv: list[str] | None = None) -> int:
         "one-GPU engine)",
     )
     p.add_argument(
+        "--max-prefill-pairs",
+        type=int,
+        default=0,
+        help="beside decoding requests, a prefill chunk keeps tokens x (context + tokens) within this, so a "
+        "long prompt's chunks do not stretch their steps (e.g. 67108864 = 8192 x 8192; 0: whole chunks)",
+    )
+    p.add_argument(
+        "--decode-slowdown",
+        type=float,
+        default=0.0,
+        help="beside decoding requests, prefill chunks are paced so that those requests' mean inter-token "
+        "latency stays within this multiple of their own (e.g. 2; 0: unpaced, the prompt's fastest first token)",
+    )
+    p.add_argument(
         "--engine-process",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -464,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
         engine_threads=args.engine_threads,
         cuda_graphs=args.cuda_graphs,
         overlap=args.overlap,
+        max_prefill_pairs=args.max_prefill_pairs,
+        decode_slowdown=args.decode_slowdown,
         engine_process=args.engine_process,
         log_verbose=args.log_verbose,
     )

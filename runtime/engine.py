@@ -57,6 +57,7 @@ class LLMEngine:
         overlap: bool | None = None,
         compile: bool | None = None,
         max_prefill_pairs: int | None = None,
+        decode_slowdown: float | None = None,
         draft_costs: bool | None = None,
         dp: DataParallelGroup | None = None,
     ):
@@ -69,6 +70,8 @@ class LLMEngine:
         compile: torch.compile the programs (None: as the engine was built).
         max_prefill_pairs: beside decoding sequences, a prefill chunk's tokens x (context + tokens) stay
         within this (runtime/scheduler.py), bounding their inter-token latency while a long prompt fills.
+        decode_slowdown: beside decoding sequences, prefill chunks are paced so that those sequences' mean
+        step stays within this multiple of a decode-only step (runtime/scheduler.py PrefillPacer).
         draft_costs: MTP rounds are timed and their drafts capped where more do not pay at the batch's size
         (runtime/speculative.py RoundCosts); None: on for CUDA engines. Off, a sequence's drafts follow its
         acceptance alone, and seeded sampled requests draw the same tokens whatever the timing.
@@ -94,8 +97,9 @@ class LLMEngine:
             self.runner.pool_sizes,
         )
         self.scheduler = Scheduler(
-            self.blocks, bc.max_batch_size, bc.max_num_tokens, max_prefill_pairs=max_prefill_pairs
-        )
+            self.blocks, bc.max_batch_size, bc.max_num_tokens, max_prefill_pairs=max_prefill_pairs,
+            decode_slowdown=decode_slowdown,
+        )  # fmt: skip
         log.info("%s", self.capacity())
         self.prefix = PrefixCache(self.blocks, self.runner, bc.max_draft_len)
         self.spec = SpeculativeDecoder(self.runner, self.blocks, bc.max_draft_len, self.num_real_tokens)
@@ -115,6 +119,7 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self._inflight: LaunchedStep | None = None  # an overlapped step not yet completed
         self._held: list[StreamDelta] = []  # deltas of a step completed outside `step` (see `_drain`)
+        self._completed: list[ScheduledSeq] | None = None  # the step the current `step` call completed
 
     # Requests.
     def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> None:
@@ -165,12 +170,16 @@ class LLMEngine:
         wasted one token of work in step n+1, whose results for it are dropped; its blocks and slot go back
         at once, and any later use of them is queued behind step n+1 on the same stream."""
         start, steps = time.perf_counter(), self.runner.dp_steps
+        self._completed = None
         try:
             return self._step()
         finally:
             if self.runner.dp is not None and self.runner.dp_steps == steps:
                 self.runner.idle_step()  # nothing ran (or it failed first): the other replicas' step waits
-            self.stats.step_seconds += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.stats.step_seconds += seconds
+            if self._completed is not None:  # what this call's completed step cost its sequences
+                self.scheduler.record_step(self._completed, seconds)
 
     def _step(self) -> list[StreamDelta]:
         deltas, self._held = self._held, []
@@ -195,6 +204,7 @@ class LLMEngine:
             except Exception as e:  # `launched` is sound: complete it, then isolate the successor's sequences
                 failed = (batch, e)
         deltas += self._complete(launched, followed=self._inflight is not None)
+        self._completed = launched.batch
         return deltas + (self._isolate(*failed, "its step") if failed else [])
 
     def _drain(self) -> None:

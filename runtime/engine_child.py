@@ -87,6 +87,14 @@ def _handle(engine, message: tuple) -> list[StreamDelta]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args, llm_args = parse_args(argv)
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    serve(Connection(args.fd), llm_args)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict]:
+    """The child's arguments, and LLM's keyword arguments from them."""
     p = argparse.ArgumentParser(prog="python -m runtime.engine_child", description=__doc__.split("\n\n")[0])
     p.add_argument("--engine_dir", required=True)
     p.add_argument("--fd", type=int, required=True, help="this end of the parent's socket pair")
@@ -95,12 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num_threads", type=int, default=0)
     p.add_argument("--cuda_graphs", choices=list(SWITCH.values()), default="auto")
     p.add_argument("--overlap", choices=list(SWITCH.values()), default="auto")
+    p.add_argument("--max_prefill_pairs", type=int, default=0, help="LLM's (0: None)")
+    p.add_argument("--decode_slowdown", type=float, default=0.0, help="LLM's (0: None)")
     p.add_argument("--dp_rank", type=int, default=None, help="a data-parallel replica's rank")
     p.add_argument("--dp_store", default=None, help="the replicas' rendezvous store, HOST:PORT")
     p.add_argument("--pad_eager", action="store_true", help="the step graphs' buckets, run eager (tests)")
     args = p.parse_args(argv)
-    if args.num_threads:
-        torch.set_num_threads(args.num_threads)
     switch = {v: k for k, v in SWITCH.items()}
     llm_args = dict(
         engine=args.engine_dir,
@@ -108,10 +116,12 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         cuda_graphs=switch[args.cuda_graphs],
         overlap=switch[args.overlap],
+        max_prefill_pairs=args.max_prefill_pairs or None,
+        decode_slowdown=args.decode_slowdown or None,
         dp=None if args.dp_rank is None else (args.dp_rank, args.dp_store),
         pad_eager=args.pad_eager,
     )
-    serve(Connection(args.fd), llm_args)
+    return args, llm_args
 
 
 if __name__ == "__main__":

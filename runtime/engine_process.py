@@ -43,6 +43,37 @@ class EngineGone(RuntimeError):
     """The engine process has exited: this EngineProcess takes no more requests (start another)."""
 
 
+def child_argv(
+    engine_dir: str | os.PathLike,
+    fd: int,
+    num_blocks: int | None = None,
+    seed: int = 0,
+    num_threads: int = 0,
+    cuda_graphs: bool | None = None,
+    overlap: bool | None = None,
+    dp: tuple[int, str] | None = None,
+    pad_eager: bool = False,
+    max_prefill_pairs: int | None = None,
+    decode_slowdown: float | None = None,
+) -> list[str]:
+    """`python -m runtime.engine_child`'s arguments for EngineProcess's options (runtime.engine_child
+    parse_args reads them back)."""
+    args = ["--engine_dir", os.path.abspath(engine_dir), "--fd", str(fd)]
+    args += ["--num_blocks", str(num_blocks or 0), "--seed", str(seed), "--num_threads", str(num_threads)]
+    args += ["--cuda_graphs", SWITCH[cuda_graphs], "--overlap", SWITCH[overlap]]
+    args += [
+        "--max_prefill_pairs",
+        str(max_prefill_pairs or 0),
+        "--decode_slowdown",
+        str(decode_slowdown or 0),
+    ]
+    if dp is not None:
+        args += ["--dp_rank", str(dp[0]), "--dp_store", dp[1]]
+    if pad_eager:
+        args.append("--pad_eager")
+    return args
+
+
 class EngineProcess:
     """The engine at `engine_dir`, stepping in a child process; requests come and go from any thread.
 
@@ -60,22 +91,22 @@ class EngineProcess:
         dp: tuple[int, str] | None = None,
         wait: bool = True,
         pad_eager: bool = False,
+        max_prefill_pairs: int | None = None,
+        decode_slowdown: float | None = None,
     ):
         """Start the child and wait until its engine is loaded (a load error is raised here, with the
         child's traceback). num_threads: the child's torch threads (0: torch's default). on_exit(reason):
         called on the reader thread if the child exits without being told to (after the requests in
         flight got their error deltas), e.g. to start another. dp: (rank, store address) of a data-parallel
         replica (runtime/data_parallel.py). wait False: return at once; `wait_ready` waits (the replicas of
-        a data-parallel engine load together, each waiting for the others to join). pad_eager (tests):
-        LLM's."""
+        a data-parallel engine load together, each waiting for the others to join). pad_eager (tests),
+        max_prefill_pairs, decode_slowdown: LLM's."""
         ours, theirs = socket.socketpair()
-        args = ["--engine_dir", os.path.abspath(engine_dir), "--fd", str(theirs.fileno())]
-        args += ["--num_blocks", str(num_blocks or 0), "--seed", str(seed), "--num_threads", str(num_threads)]
-        args += ["--cuda_graphs", SWITCH[cuda_graphs], "--overlap", SWITCH[overlap]]
-        if dp is not None:
-            args += ["--dp_rank", str(dp[0]), "--dp_store", dp[1]]
-        if pad_eager:
-            args.append("--pad_eager")
+        args = child_argv(
+            engine_dir, theirs.fileno(), num_blocks=num_blocks, seed=seed, num_threads=num_threads,
+            cuda_graphs=cuda_graphs, overlap=overlap, dp=dp, pad_eager=pad_eager,
+            max_prefill_pairs=max_prefill_pairs, decode_slowdown=decode_slowdown,
+        )  # fmt: skip
         path = os.pathsep.join(filter(None, [PROJECT_ROOT, os.environ.get("PYTHONPATH")]))
         with theirs:
             self.proc = subprocess.Popen(

@@ -61,6 +61,7 @@ class LLM:
         pad_eager: bool = False,
         overlap: bool | None = None,
         max_prefill_pairs: int | None = None,
+        decode_slowdown: float | None = None,
         dp: tuple[int, str] | None = None,
     ):
         """engine: a directory, or an Engine in memory (one rank only). A tensor-parallel engine (tp_size N)
@@ -74,6 +75,8 @@ class LLM:
         overlap: launch each decode step before the host has read the previous one's tokens
         (LLMEngine.step); None: on for a one-rank CUDA engine. max_prefill_pairs: a prefill chunk beside
         decoding sequences keeps tokens x (context + tokens) within it (runtime/scheduler.py).
+        decode_slowdown: prefill chunks beside decoding sequences are paced so that those sequences' mean
+        step stays within this multiple of a decode-only step (runtime/scheduler.py PrefillPacer).
         dp: (rank, store address): this process is that replica of a data-parallel engine (started by
         DataParallelEngine through runtime.engine_child)."""
         self.workers = self.dp = None
@@ -104,7 +107,7 @@ class LLM:
                 raise
         self.engine = LLMEngine(
             engine, num_blocks, seed, workers=self.workers, cuda_graphs=cuda_graphs, pad_eager=pad_eager,
-            overlap=overlap, max_prefill_pairs=max_prefill_pairs, dp=self.dp,
+            overlap=overlap, max_prefill_pairs=max_prefill_pairs, decode_slowdown=decode_slowdown, dp=self.dp,
         )  # fmt: skip
         self._init_prompts(engine.config)
 
@@ -291,8 +294,13 @@ class EngineLoop:
         seed: int = 0,
         cuda_graphs: bool | None = None,
         overlap: bool | None = None,
+        max_prefill_pairs: int | None = None,
+        decode_slowdown: float | None = None,
     ):
-        self.llm = LLM(engine, num_blocks, seed, cuda_graphs, overlap=overlap)
+        self.llm = LLM(
+            engine, num_blocks, seed, cuda_graphs, overlap=overlap, max_prefill_pairs=max_prefill_pairs,
+            decode_slowdown=decode_slowdown,
+        )  # fmt: skip
         self.engine = self.llm.engine
         self._inbox: queue.Queue = queue.Queue()
         self._callbacks: dict[str, Callable[[StreamDelta], Any]] = {}

@@ -245,7 +245,7 @@ def test_a_part_completed_by_a_later_run(tmp_path):
 def test_long_context_benchmark_smoke(tmp_path):
     """`make bench-long-context` in a CPU smoke shape: every phase runs, the longest context last, and the
     table, plot and profile are written; the neighbour's second run keeps its prompt's chunks within
-    max_prefill_pairs."""
+    max_prefill_pairs, its third paces them too."""
     from bench.long_context import main as long_context
 
     argv = ["--preset", "inkling-tiny", "--device", "cpu", "--contexts", "96,320", "--users", "2",
@@ -255,13 +255,16 @@ def test_long_context_benchmark_smoke(tmp_path):
     r = json.loads((tmp_path / "results.json").read_text())
     assert [c["context"] for c in r["contexts"]] == [96, 320]
     assert all(c["itl_s"]["n"] == 3 and c["ttft_s"] > 0 and c["itl_bound_s"] > 0 for c in r["contexts"])
-    whole, capped = r["neighbour"]
-    assert whole["pairs"] is None and capped["pairs"] == 64 * 64
+    whole, capped, paced = r["neighbour"]
+    assert whole["pairs"] is None and capped["pairs"] == paced["pairs"] == 64 * 64
+    assert capped["slowdown"] is None and paced["slowdown"] == 2.0 and paced["mean_of_idle"] > 0
     # capped, the 320-token prompt takes more, smaller chunks beside the short request's decodes
     assert capped["itl_during_prefill_s"]["n"] > whole["itl_during_prefill_s"]["n"] >= 1
+    assert paced["itl_during_prefill_s"]["n"] >= capped["itl_during_prefill_s"]["n"]  # decode-only turns too
     assert len(r["users"]["ttft_s"]) == 2 and r["users"]["itl_s"]["n"] > 0
     table = (tmp_path / "results.md").read_text()
     assert "| 320 |" in table and "max_prefill_pairs 4,096" in table and "2 users at 128 tokens" in table
+    assert "max_prefill_pairs 4,096, decode_slowdown 2 |" in table
     assert (tmp_path / "long_context.png").stat().st_size > 10_000
     assert "4 decode steps at 320 tokens" in (tmp_path / "profile_decode_320.txt").read_text()
 

@@ -98,6 +98,45 @@ def test_preemption_under_a_tiny_pool(engine_f32, reference, prompts):
         assert outs[f"r{i}"] == reference_greedy(reference, p, 40)
 
 
+def test_paced_prefill_beside_a_decoding_request(engine_f32):
+    """decode_slowdown: the engine reports each step it completes to the scheduler's pacer, its prefill
+    chunks told apart from its decodes; priced as on a GPU (a chunk reads every expert: 4x a decode step),
+    the long prompt's chunks take turns with decode-only steps, and both requests' tokens are those of an
+    unpaced engine."""
+
+    def run(slowdown: float | None) -> tuple[dict, list]:
+        eng = LLMEngine(engine_f32[0], decode_slowdown=slowdown)
+        eng.scheduler.chunk_size = 16
+        kinds = []  # (decoding, prefilling) of each completed step
+        if slowdown is not None:
+            record = eng.scheduler.record_step
+
+            def priced(batch, seconds):
+                assert seconds > 0
+                kinds.append((any(not s.prefill for s in batch), any(s.prefill for s in batch)))
+                record(batch, 4.0 if kinds[-1][1] else 1.0)
+
+            eng.scheduler.record_step = priced
+        g = torch.Generator().manual_seed(3)
+        eng.add_request("short", PromptInput(torch.randint(8, 200, (5,), generator=g)),
+                        SamplingParams(max_tokens=60, ignore_eos=True))  # fmt: skip
+        outs = {}
+        for _ in range(3):
+            for d in eng.step():
+                outs.setdefault(d.request_id, []).extend(d.token_ids)
+        eng.add_request("long", PromptInput(torch.randint(8, 200, (150,), generator=g)),
+                        SamplingParams(max_tokens=4, ignore_eos=True))  # fmt: skip
+        return run_all(eng, outs=outs), kinds
+
+    plain, _ = run(None)
+    paced, kinds = run(2.0)
+    assert paced == plain and len(paced["long"]) == 4
+    mixed = [i for i, k in enumerate(kinds) if k == (True, True)]
+    assert len(mixed) == 10  # 150 tokens in chunks of 16 (the last one its own first token's)
+    between = kinds[mixed[0] : mixed[-1]]
+    assert between.count((True, False)) == 2 * (len(mixed) - 1)  # each chunk's 2 d of excess repaid
+
+
 def test_cancellation_frees_everything(llm, prompts):
     eng = llm.engine
     eng.add_request("a", prompt_input(llm, prompts[0]), SamplingParams(max_tokens=50))

@@ -603,6 +603,27 @@ def test_repository_carries_the_engine_options(engine_f32, tmp_path):
     cfg = ServeConfig(engine_dir=str(engine_f32[1]), work_dir=str(tmp_path), engine_process=False)
     text = (fill_repository(cfg, tmp_path / "repo2") / "inkling" / "config.pbtxt").read_text()
     assert 'key: "engine_process" value: { string_value: "0" }' in text
+    assert 'key: "decode_slowdown" value: { string_value: "0.0" }' in text  # unpaced by default
+    cfg = ServeConfig(engine_dir=str(engine_f32[1]), work_dir=str(tmp_path), max_prefill_pairs=4096,
+                      decode_slowdown=2.0)  # fmt: skip
+    text = (fill_repository(cfg, tmp_path / "repo3") / "inkling" / "config.pbtxt").read_text()
+    assert 'key: "max_prefill_pairs" value: { string_value: "4096" }' in text
+    assert 'key: "decode_slowdown" value: { string_value: "2.0" }' in text
+
+
+def test_the_engine_process_passes_the_scheduling_options(engine_f32):
+    """EngineProcess's command line for its child carries max_prefill_pairs and decode_slowdown to the child's
+    LLM (unset: None), and an LLM made with them schedules with them."""
+    from runtime import LLM
+    from runtime.engine_child import parse_args
+    from runtime.engine_process import child_argv
+
+    _, kw = parse_args(child_argv(engine_f32[1], 3))
+    assert kw["max_prefill_pairs"] is None and kw["decode_slowdown"] is None
+    _, kw = parse_args(child_argv(engine_f32[1], 3, max_prefill_pairs=4096, decode_slowdown=2.5))
+    assert kw["max_prefill_pairs"] == 4096 and kw["decode_slowdown"] == 2.5
+    llm = LLM(**kw)
+    assert llm.engine.scheduler.max_prefill_pairs == 4096 and llm.engine.scheduler.pacer.slowdown == 2.5
 
 
 # The engine process dies: its requests end with an error, a new one serves (keep this test last: it

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from runtime.block_manager import FREED, BlockManager
 from runtime.params import SamplingParams
 from runtime.prefix_cache import PrefixCache
@@ -93,6 +95,68 @@ def test_a_long_prefill_beside_decodes_keeps_its_chunks_attention_bounded():
     sizes = [n for _, n in fed]
     assert sizes[0] > sizes[-2] and sizes[-2] == BS  # shrinking with context, down to a block
     assert sch.pairs_cap(100) == 5 and sch.pairs_cap(0) == 24  # 5 x 105 <= 576 < 6 x 106
+
+
+def paced_prefill(slowdown: float | None, decode_s: float = 1.0, mixed_s: float = 4.0, alone: int = 5):
+    """A short sequence decoding while a 400-token prompt fills in chunks of 24, on a clock where a step
+    with a prefill chunk costs `mixed_s` (it reads every expert) and a decode-only step `decode_s`. Returns
+    the short sequence's step times from the prompt's arrival to its first token, and the steps that carried
+    a chunk."""
+    sch = Scheduler(BlockManager(512, BS, [0], 0), 4, 64, chunk_size=24, decode_slowdown=slowdown)
+    short, long = seq("short", 3, max_tokens=10_000), seq("long", 400)
+    sch.add(short)
+    for _ in range(alone):  # short decodes alone (the pacer learns a decode-only step)
+        batch = sch.schedule()
+        sch.record_step(batch, decode_s)
+        advance(batch)
+    sch.add(long)
+    if not alone:  # both prompts in one step: nobody decodes yet
+        advance(sch.schedule())
+    times, chunks = [], 0
+    while not long.output_ids:
+        batch = sch.schedule()
+        assert batch[0].seq is short and batch[0].num_tokens == 1 and not batch[0].prefill  # never waits
+        prefill = [s for s in batch if s.prefill]
+        assert all(s.seq is long for s in prefill)
+        seconds = mixed_s if prefill else decode_s
+        sch.record_step(batch, seconds)
+        times.append(seconds)
+        chunks += bool(prefill)
+        advance(batch)
+    return times, chunks
+
+
+def test_paced_prefill_keeps_its_neighbours_mean_step_within_the_slowdown():
+    """With decode_slowdown 2, a long prompt's chunks beside a decoding sequence take turns with
+    decode-only steps: the neighbour's mean step over the whole prefill stays within 2x a decode-only
+    step (plus one chunk's excess, the bound PrefillPacer states); the prompt still completes, every chunk
+    whole. Unpaced, the same prompt holds every step (mean 4x); alone it is never held back."""
+    unpaced, n = paced_prefill(None)
+    assert sum(unpaced) / len(unpaced) == 4.0 and n == len(unpaced) == 17  # 400 tokens: 16 chunks of 24, 16
+    for slowdown in (2.0, 1.5, 3.0):
+        times, chunks = paced_prefill(slowdown)
+        assert chunks == 17  # the same chunks, spread out
+        assert sum(times) <= slowdown * 1.0 * len(times) + (4.0 - slowdown * 1.0)
+        assert sum(times) / len(times) > slowdown * 0.8  # the prompt uses the share it is given
+    # Arriving together, before any decode-only step was measured: the first mixed step owes its whole time.
+    times, chunks = paced_prefill(2.0, alone=0)
+    assert chunks == 16 and times[:6] == [4.0, 1.0, 1.0, 1.0, 1.0, 4.0]
+    assert sum(times) <= 2.0 * len(times) + 2.0
+    # Alone, a prompt is never paced.
+    sch = Scheduler(BlockManager(512, BS, [0], 0), 4, 64, chunk_size=24, decode_slowdown=2.0)
+    sch.pacer.decode_s, sch.pacer.balance = 1.0, -100.0
+    long = seq("long", 100)
+    sch.add(long)
+    steps = 0
+    while not long.output_ids:
+        batch = sch.schedule()
+        assert batch and batch[0].prefill
+        sch.record_step(batch, 4.0)
+        advance(batch)
+        steps += 1
+    assert steps == 5 and sch.pacer.balance == 0.0
+    with pytest.raises(ValueError, match="must exceed 1"):
+        Scheduler(BlockManager(16, BS, [0], 0), 4, 64, decode_slowdown=1.0)
 
 
 def test_preemption_takes_the_newest_running_sequence_first():

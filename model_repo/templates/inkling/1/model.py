@@ -109,6 +109,8 @@ class TritonPythonModel:
             num_blocks=num_blocks,
             cuda_graphs=switch[parameter(cfg, "cuda_graphs", "auto")],
             overlap=switch[parameter(cfg, "overlap", "auto")],
+            max_prefill_pairs=int(parameter(cfg, "max_prefill_pairs", "0")) or None,
+            decode_slowdown=float(parameter(cfg, "decode_slowdown", "0")) or None,
         )
         self.finalizing = False
         if parameter(cfg, "engine_process", "1") == "1":
