@@ -84,12 +84,16 @@ def successor(
 ) -> tuple[list[ScheduledSeq], list[int]] | None:
     """The step that follows `step` whatever its tokens turn out to be, with its blocks allocated: its batch
     and, per sequence, its row in `step` (where its input id is). None where the scheduler has a choice to
-    make (a request waits, a running sequence sat out `step`, blocks run short, a sequence is isolated
-    after a failure)."""
+    make (a request waits, a running sequence sat out `step` other than a prefill the pacer holds back,
+    blocks run short, a sequence is isolated after a failure)."""
     live = [s for s in step.batch if not s.seq.finished]
     if scheduler.waiting or scheduler.isolating():
         return None
-    if {id(s.seq) for s in live} != {id(seq) for seq in scheduler.running}:
+    stepped = {id(s.seq) for s in live}
+    sat_out = [seq for seq in scheduler.running if id(seq) not in stepped]
+    if len(stepped) + len(sat_out) != len(scheduler.running):  # a sequence in `step` no longer runs
+        return None
+    if sat_out and not (all(seq.is_prefill for seq in sat_out) and scheduler.holds_prefill(ahead=1)):
         return None
     batch, rows = [], []
     # Oldest first, as the scheduler orders decoding sequences: the same batch layout as without

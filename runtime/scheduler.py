@@ -188,6 +188,15 @@ class Scheduler:
             budget -= n
         return out
 
+    def holds_prefill(self, ahead: int) -> bool:
+        """Whether the pacer will still hold prefill chunks back after `ahead` more decode-only steps are
+        recorded, each taken at the decode-only steps' mean (an overlapped successor is launched before the
+        step in flight has its time)."""
+        p = self.pacer
+        if p is None:
+            return False
+        return p.balance + ahead * (p.slowdown - 1) * (p.decode_s or 0.0) < 0
+
     def record_step(self, batch: list[ScheduledSeq], seconds: float) -> None:
         """A completed step of `batch` took `seconds` (what its decoding sequences waited): the pacer's
         measure."""

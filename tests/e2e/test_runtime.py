@@ -102,18 +102,20 @@ def test_paced_prefill_beside_a_decoding_request(engine_f32):
     """decode_slowdown: the engine reports each step it completes to the scheduler's pacer, its prefill
     chunks told apart from its decodes; priced as on a GPU (a chunk reads every expert: 4x a decode step),
     the long prompt's chunks take turns with decode-only steps, and both requests' tokens are those of an
-    unpaced engine."""
+    unpaced engine. With overlap, the decode-only steps the pacer will hold to run overlapped, in the same
+    pattern."""
 
-    def run(slowdown: float | None) -> tuple[dict, list]:
-        eng = LLMEngine(engine_f32[0], decode_slowdown=slowdown)
+    def run(slowdown: float | None, overlap: bool = False) -> tuple[dict, list]:
+        eng = LLMEngine(engine_f32[0], decode_slowdown=slowdown, overlap=overlap)
         eng.scheduler.chunk_size = 16
-        kinds = []  # (decoding, prefilling) of each completed step
+        kinds, overlapped = [], []  # (decoding, prefilling) of each completed step; overlapped steps by then
         if slowdown is not None:
             record = eng.scheduler.record_step
 
             def priced(batch, seconds):
                 assert seconds > 0
                 kinds.append((any(not s.prefill for s in batch), any(s.prefill for s in batch)))
+                overlapped.append(eng.stats.overlapped_steps)
                 record(batch, 4.0 if kinds[-1][1] else 1.0)
 
             eng.scheduler.record_step = priced
@@ -126,15 +128,18 @@ def test_paced_prefill_beside_a_decoding_request(engine_f32):
                 outs.setdefault(d.request_id, []).extend(d.token_ids)
         eng.add_request("long", PromptInput(torch.randint(8, 200, (150,), generator=g)),
                         SamplingParams(max_tokens=4, ignore_eos=True))  # fmt: skip
-        return run_all(eng, outs=outs), kinds
+        return run_all(eng, outs=outs), kinds, overlapped
 
-    plain, _ = run(None)
-    paced, kinds = run(2.0)
-    assert paced == plain and len(paced["long"]) == 4
-    mixed = [i for i, k in enumerate(kinds) if k == (True, True)]
-    assert len(mixed) == 10  # 150 tokens in chunks of 16 (the last one its own first token's)
-    between = kinds[mixed[0] : mixed[-1]]
-    assert between.count((True, False)) == 2 * (len(mixed) - 1)  # each chunk's 2 d of excess repaid
+    plain, _, _ = run(None)
+    for overlap in (False, True):
+        paced, kinds, overlapped = run(2.0, overlap)
+        assert paced == plain and len(paced["long"]) == 4
+        mixed = [i for i, k in enumerate(kinds) if k == (True, True)]
+        assert len(mixed) == 10  # 150 tokens in chunks of 16 (the last one its own first token's)
+        between = kinds[mixed[0] : mixed[-1]]
+        assert between.count((True, False)) == 2 * (len(mixed) - 1)  # each chunk's 2 d of excess repaid
+        during = overlapped[mixed[-1] - 1] - overlapped[mixed[0]]  # the last chunk samples: it overlaps too
+        assert during == (len(mixed) - 1 if overlap else 0)  # the first held step overlaps the second
 
 
 def test_cancellation_frees_everything(llm, prompts):
