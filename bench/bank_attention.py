@@ -169,6 +169,11 @@ PREFILL_VARIANTS = [
     _tiles(64, 64, 4, shear="chunk", table_dtype="bfloat16"),
     _tiles(64, 64, 4, shear="chunk", far_launch=True),  # full layers: the far tiles in their own launch
     _tiles(64, 64, 4, 3, shear="chunk", far_launch=True),
+    # the far launch on Hopper's wgmma through Gluon (plugins/attention/gluon_far.py), 2 and 3 K/V slots
+    _tiles(64, 64, 4, shear="chunk", far_launch=True, far_impl="gluon"),
+    _tiles(64, 64, 4, 3, shear="chunk", far_launch=True, far_impl="gluon"),
+    _tiles(64, 64, 4, shear="chunk", far_launch=True, far_impl="gluon", far_q_in_registers=True),
+    _tiles(64, 64, 4, 3, shear="chunk", far_launch=True, far_impl="gluon", far_q_in_registers=True),
     _tiles(64, 64, 4, shear="scratch"),
     _tiles(64, 128, 4, shear="chunk", chunk_tiles=2),
     _tiles(128, 64, 8, shear="chunk"),
@@ -369,10 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --variants: the launcher's tiles alone, beside SDPA and the minimal flash kernel",
     )
+    ap.add_argument("--only", default="", help="with --variants: the variants whose repr contains this")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.variants:
-        return time_variants(args.out, [] if args.launcher_only else PREFILL_VARIANTS)
+        chosen = [] if args.launcher_only else [c for c in PREFILL_VARIANTS if args.only in repr(c)]
+        return time_variants(args.out, chosen)
     rows = []
     cases = [
         ("prefill 8K, full layer", FULL, 1, 8192, 8192),

@@ -12,7 +12,8 @@
 #     bash bench/gpu_session.sh attention-variants  # 1 GPU: the attention kernel's GPU tests, then the prefill
 #                                             #   tiles and a minimal flash kernel timed (bench.bank_attention --variants)
 #     bash bench/gpu_session.sh attention-check  # 1 GPU: the attention kernel's GPU tests, the CUDA engine against
-#                                             #   transformers, the launcher's prefill tiles timed (carry [".whl"])
+#                                             #   transformers, the launcher's prefill tiles and the Gluon far
+#                                             #   launch timed (carry [".whl"])
 #     bash bench/gpu_session.sh moe           # 1 GPU: the MoE launcher's GPU tests, then bench/moe.py on the real
 #                                             #   layer (tuning, bound, bf16 peer)
 #     bash bench/gpu_session.sh moe-decode    # 1 GPU: the decode kernels' GPU tests, their variants timed, the tuned op
@@ -229,7 +230,7 @@ attention-check)
     with_transformers
     run bank_attention_gpu 150 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
     run published_gpu 240 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
-    run variants 150 python3 -m bench.bank_attention --variants --launcher-only --out "$OUT/attn"
+    run variants 200 python3 -m bench.bank_attention --variants --only "far_impl='gluon'" --out "$OUT/attn"
     pack attention-check
     ;;
 attention-variants)

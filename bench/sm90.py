@@ -75,6 +75,30 @@ PREFILL_VARIANTS = [
     AttentionConfig(
         heads=1, block_q=128, block_n=64, num_splits=1, num_warps=8, shear="scratch", relative=False
     ),
+    # the far launch's kernel on Gluon (wgmma, cp.async; plugins/attention/gluon_far.py), 2 and 3 K/V slots
+    AttentionConfig(
+        heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", far_launch=True, far_impl="gluon"
+    ),
+    AttentionConfig(
+        heads=1,
+        block_q=64,
+        block_n=64,
+        num_splits=1,
+        num_stages=3,
+        shear="chunk",
+        far_launch=True,
+        far_impl="gluon",
+    ),  # fmt: skip
+    AttentionConfig(
+        heads=1,
+        block_q=64,
+        block_n=64,
+        num_splits=1,
+        shear="chunk",
+        far_launch=True,
+        far_impl="gluon",
+        far_q_in_registers=True,
+    ),  # fmt: skip
 ]
 
 
@@ -90,7 +114,7 @@ def int_args(seq: int, num_splits: int) -> dict[str, int]:
 
 
 def compile_sm90(kernel, pointers: dict, ints: dict, floats: tuple, constexprs: dict, num_warps: int,
-                 num_stages: int, maxnreg: int | None = None):  # fmt: skip
+                 num_stages: int, maxnreg: int | None = None, gluon: bool = False):  # fmt: skip
     """`kernel` compiled for sm_90 as a launch would specialise it: `pointers` (name -> Triton pointer type)
     and the `ints` whose values are multiples of 16 marked so, the `floats` named fp32, every other argument
     a constexpr from `constexprs`; `maxnreg` caps the registers per thread as the launch option does."""
@@ -107,16 +131,44 @@ def compile_sm90(kernel, pointers: dict, ints: dict, floats: tuple, constexprs: 
             signature[name] = "fp32"
         else:
             signature[name] = "constexpr"
-    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        source = GluonASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    else:
+        source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg:
         options["maxnreg"] = maxnreg
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def compile_gluon_far(config: AttentionConfig):
+    """The far launch on Gluon (plugins/attention/gluon_far.py) compiled for sm_90 as the launcher launches it
+    for `config` on the real full layer."""
+    from plugins.attention.gluon_far import far_attention_kernel
+
+    pointers = {name: POINTERS[name] for name in POINTERS if name not in ("r_ptr", "e_ptr", "out_ptr")}
+    ints = {
+        "stride_qt": HQ * D, "stride_qh": D, "stride_kb": PAGE * HKV * D, "stride_ks": HKV * D, "stride_kh": D,
+        "stride_vb": PAGE * HKV * D, "stride_vs": HKV * D, "stride_vh": D, "stride_bt": 4096, "num_q_heads": HQ,
+        "R": R, "window": 1 << 30,
+    }  # fmt: skip
+    constexprs = {"D": D, "GROUP": HQ // HKV, "BLOCK_Q": config.block_q, "BLOCK_N": config.block_n, "PAGE": PAGE,
+                  "STAGES": max(2, config.num_stages), "LOG_SCALE": True,
+                  "Q_IN_REGISTERS": config.far_q_in_registers}  # fmt: skip
+    return compile_sm90(
+        far_attention_kernel, pointers, ints, ("scale", "log_floor", "log_alpha"), constexprs, config.num_warps,
+        config.num_stages, gluon=True,
+    )  # fmt: skip
+
+
 def compile_attention(config: AttentionConfig, seq: int, kv: int | None = None):
     """The attention kernel compiled for sm_90 as a prefill of `seq` tokens with `config` would launch it,
-    or (kv given) a decode of one query over `kv` keys."""
+    or (kv given) a decode of one query over `kv` keys; a far_impl 'gluon' config, its far launch's Gluon
+    kernel."""
+    if config.far_impl == "gluon":
+        return compile_gluon_far(config)
     constexprs = kernel_constexprs(
         config, 1 if kv else seq, HQ // HKV, D, DR, PAGE, torch.bfloat16, log_scale=True
     )

@@ -130,6 +130,24 @@ def test_sm90_report_smoke(tmp_path):
     assert "chunk_tiles=7" in (tmp_path / "sm90.md").read_text()
 
 
+def test_sm90_gluon_far_launch_compiles(tmp_path):
+    """The far launch's Gluon kernel (plugins/attention/gluon_far.py, which no interpreter runs) compiles for
+    sm_90 as the launcher launches it on the real full layer: both GEMMs on wgmma, K/V by cp.async, no
+    spills, and at least two programs an SM."""
+    from bench.sm90 import main as sm90_main
+
+    assert sm90_main(["--seq", "8192", "--only", "far_impl='gluon'", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "sm90.json").read_text())["rows"]
+    assert [r["variant"].split()[2] for r in rows] == ["2s", "3s", "2s"]  # K/V ring slots
+    for row in rows:
+        assert 0 < row["registers"] <= 168 and row["spill_bytes"] == 0 and row["mma.sync"] == 0
+        assert row["wgmma"] > 0 and row["cp.async"] > 0
+        assert min(row["programs_by_registers"], row["programs_by_shared"]) >= 2
+    # Q in registers: 16 KB less shared memory a program, three programs an SM
+    assert rows[2]["shared_bytes"] == rows[0]["shared_bytes"] - 64 * 128 * 2
+    assert min(rows[2]["programs_by_registers"], rows[2]["programs_by_shared"]) == 3
+
+
 def test_sm90_decode_report(tmp_path):
     """bench.sm90 --decode: the batch-1 decode over 8K keys as the launcher launches it (64 splits), the
     GEMV of the relative term over all of d_rel's 16 columns and 8 at a time (rel_slice). At the earlier

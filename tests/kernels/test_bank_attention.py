@@ -259,3 +259,48 @@ def test_gpu_long_prefill_real_shapes():
         batch = make_batch([(3000, 3000), (1500, 700)], layer, d=128, dtype=torch.bfloat16)
         out = torch.ops.inkling.bank_attention(*batch.args, "triton")
         assert_close(out, batch.truth, 3e-2)
+
+
+def gluon_far_ok() -> bool:
+    return HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+
+
+GLUON_FAR = [
+    # a small full layer (extent 24, log floor 20 passed): programs with far tiles, with none (prompts shorter
+    # than the extent, the diagonal's), chunks and one-query rows; key tiles of 16, 32 and 64
+    (Layer(hq=8, hkv=1, extent=24, window=0, log_floor=20), [(300, 300), (260, 100), (58, 2), (12, 12), (200, 1)], 64, 16),
+    (Layer(hq=8, hkv=1, extent=24, window=0, log_floor=20), [(300, 300), (260, 100), (200, 1)], 64, 32),
+    # the real full layer: 64 / 8 heads, D 128, extent 1024, log floor passed
+    (Layer(hq=64, hkv=8, extent=1024, window=0, log_floor=1000), [(3000, 3000), (2600, 512), (1500, 700)], 128, 64),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gluon_far_ok(), reason="needs an sm_90 GPU (Gluon's wgmma)")
+@pytest.mark.parametrize("stages,q_in_registers", [(2, False), (3, False), (2, True)])
+@pytest.mark.parametrize("layer,seqs,d,block_n", GLUON_FAR, ids=["small-16", "small-32", "real"])
+def test_gpu_gluon_far_launch(layer, seqs, d, block_n, stages, q_in_registers):
+    """The far launch on Gluon (AttentionConfig.far_impl) gives what the `tl` far launch gives, joined by
+    the same near launch, and both the math, in bf16."""
+    import dataclasses
+
+    batch = make_batch(seqs, layer, d=d, dtype=torch.bfloat16)
+    base = AttentionConfig(heads=1, block_q=64, block_n=block_n, num_splits=1, num_stages=stages, shear="chunk",
+                           far_launch=True)  # fmt: skip
+    tl_far = launcher.bank_attention(*batch.args, config=base)
+    gluon = dataclasses.replace(base, far_impl="gluon", far_q_in_registers=q_in_registers)
+    gluon_far = launcher.bank_attention(*batch.args, config=gluon)
+    assert_close(tl_far, batch.truth, 3e-2)
+    assert_close(gluon_far, batch.truth, 3e-2)
+    assert_close(gluon_far, tl_far, 1.6e-2)
+
+
+def test_gluon_far_is_asked_for_its_own_shapes():
+    """far_impl 'gluon' takes wgmma's rows (16 per warp) and tiles of at most 256 keys; other values refused."""
+    assert (
+        AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, far_impl="gluon").far_impl == "gluon"
+    )
+    with pytest.raises(ValueError, match="16 x num_warps"):
+        AttentionConfig(heads=1, block_q=32, block_n=64, num_splits=1, far_impl="gluon")
+    with pytest.raises(ValueError, match="far_impl must be"):
+        AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, far_impl="cuda")
