@@ -55,6 +55,20 @@ PTX_COUNTS = {
 }
 
 
+def _gluon(**kw) -> AttentionConfig:
+    return AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", **kw)
+
+
+GLUON_VARIANTS = [
+    _gluon(far_launch=True, far_impl="gluon"),
+    _gluon(far_launch=True, far_impl="gluon", num_stages=3),
+    _gluon(far_launch=True, far_impl="gluon", far_q_in_registers=True),
+    # the near launch on Gluon: after the far launch, and alone (every tile, as on a sliding layer)
+    _gluon(far_launch=True, near_impl="gluon"),
+    _gluon(near_impl="gluon"),
+]
+
+
 PREFILL_VARIANTS = [
     # the relative band sheared through a scratch per tile (the earlier default), and the chunk form's settings
     AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, shear="scratch"),
@@ -75,30 +89,9 @@ PREFILL_VARIANTS = [
     AttentionConfig(
         heads=1, block_q=128, block_n=64, num_splits=1, num_warps=8, shear="scratch", relative=False
     ),
-    # the far launch's kernel on Gluon (wgmma, cp.async; plugins/attention/gluon_far.py), 2 and 3 K/V slots
-    AttentionConfig(
-        heads=1, block_q=64, block_n=64, num_splits=1, shear="chunk", far_launch=True, far_impl="gluon"
-    ),
-    AttentionConfig(
-        heads=1,
-        block_q=64,
-        block_n=64,
-        num_splits=1,
-        num_stages=3,
-        shear="chunk",
-        far_launch=True,
-        far_impl="gluon",
-    ),  # fmt: skip
-    AttentionConfig(
-        heads=1,
-        block_q=64,
-        block_n=64,
-        num_splits=1,
-        shear="chunk",
-        far_launch=True,
-        far_impl="gluon",
-        far_q_in_registers=True,
-    ),  # fmt: skip
+    # the far launch's kernel on Gluon (wgmma, cp.async; plugins/attention/gluon_attention.py), 2 and 3 K/V
+    # slots, Q in shared memory or in registers
+    *GLUON_VARIANTS,
 ]
 
 
@@ -143,32 +136,38 @@ def compile_sm90(kernel, pointers: dict, ints: dict, floats: tuple, constexprs: 
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_gluon_far(config: AttentionConfig):
-    """The far launch on Gluon (plugins/attention/gluon_far.py) compiled for sm_90 as the launcher launches it
-    for `config` on the real full layer."""
-    from plugins.attention.gluon_far import far_attention_kernel
+def compile_gluon(config: AttentionConfig):
+    """A Gluon launch of `config` (plugins/attention/gluon_attention.py) compiled for sm_90 as the launcher
+    launches it on the real full layer: the near kernel where near_impl is "gluon" (joining a far launch
+    where far_launch is set), else the far kernel."""
+    from plugins.attention import gluon_attention
 
-    pointers = {name: POINTERS[name] for name in POINTERS if name not in ("r_ptr", "e_ptr", "out_ptr")}
+    near = config.near_impl == "gluon"
+    kernel = gluon_attention.near_attention_kernel if near else gluon_attention.far_attention_kernel
+    pointers = {name: POINTERS[name] for name in POINTERS if near or name not in ("r_ptr", "out_ptr")}
+    pointers["table_ptr"] = POINTERS["e_ptr"]
     ints = {
-        "stride_qt": HQ * D, "stride_qh": D, "stride_kb": PAGE * HKV * D, "stride_ks": HKV * D, "stride_kh": D,
-        "stride_vb": PAGE * HKV * D, "stride_vs": HKV * D, "stride_vh": D, "stride_bt": 4096, "num_q_heads": HQ,
-        "R": R, "window": 1 << 30,
+        "stride_qt": HQ * D, "stride_qh": D, "stride_rt": HQ * DR, "stride_rh": DR, "stride_tr": DR,
+        "stride_kb": PAGE * HKV * D, "stride_ks": HKV * D, "stride_kh": D, "stride_vb": PAGE * HKV * D,
+        "stride_vs": HKV * D, "stride_vh": D, "stride_bt": 4096, "stride_ot": HQ * D, "stride_oh": D,
+        "num_q_heads": HQ, "R": R, "window": 1 << 30,
     }  # fmt: skip
     constexprs = {"D": D, "GROUP": HQ // HKV, "BLOCK_Q": config.block_q, "BLOCK_N": config.block_n, "PAGE": PAGE,
                   "STAGES": max(2, config.num_stages), "LOG_SCALE": True,
                   "Q_IN_REGISTERS": config.far_q_in_registers}  # fmt: skip
+    if near:
+        constexprs |= {"DR": DR, "JOIN": config.far_launch}
     return compile_sm90(
-        far_attention_kernel, pointers, ints, ("scale", "log_floor", "log_alpha"), constexprs, config.num_warps,
+        kernel, pointers, ints, ("scale", "log_floor", "log_alpha"), constexprs, config.num_warps,
         config.num_stages, gluon=True,
     )  # fmt: skip
 
 
 def compile_attention(config: AttentionConfig, seq: int, kv: int | None = None):
     """The attention kernel compiled for sm_90 as a prefill of `seq` tokens with `config` would launch it,
-    or (kv given) a decode of one query over `kv` keys; a far_impl 'gluon' config, its far launch's Gluon
-    kernel."""
-    if config.far_impl == "gluon":
-        return compile_gluon_far(config)
+    or (kv given) a decode of one query over `kv` keys; a Gluon config, its Gluon kernel (compile_gluon)."""
+    if "gluon" in (config.far_impl, config.near_impl):
+        return compile_gluon(config)
     constexprs = kernel_constexprs(
         config, 1 if kv else seq, HQ // HKV, D, DR, PAGE, torch.bfloat16, log_scale=True
     )

@@ -68,11 +68,15 @@ class AttentionConfig:
     # its registers, writes a partial result (o, lse) that the second launch, the rest, joins into the
     # output (one float32 [T, Hq, D] buffer between them, no reduce).
     far_launch: bool = False
-    # The far launch's kernel: "triton" (the `tl` kernel's PART 1) or "gluon" (gluon_far.py: wgmma and
+    # The far launch's kernel: "triton" (the `tl` kernel's PART 1) or "gluon" (gluon_attention.py: wgmma and
     # cp.async on Hopper; bf16/fp16, one warpgroup of 64 query rows, tested on the GPU only).
     far_impl: str = "triton"
-    # far_impl "gluon": Q held in registers as wgmma's operand, not in shared memory (164 registers against
-    # 126 on sm_90, 64 KB of shared memory a program against 80: three programs an SM instead of two)
+    # The near launch's kernel (the rest of a far-launched layer, or every tile of another one-head prefill):
+    # "triton", or "gluon" (gluon_attention.py: the relative band on wgmma, sheared through a padded
+    # shared-memory layout; block_q = block_n, one split).
+    near_impl: str = "triton"
+    # far_impl / near_impl "gluon": Q held in registers as wgmma's operand, not in shared memory (16 KB less
+    # shared memory a program; on sm_90 the far kernel's 126 registers become 164: three programs an SM)
     far_q_in_registers: bool = False
 
     def __post_init__(self) -> None:
@@ -96,12 +100,19 @@ class AttentionConfig:
             raise ValueError(f"AttentionConfig.rel_slice must be 0 or a power of two, got {self.rel_slice}")
         if self.chunk_tiles < 1:
             raise ValueError(f"AttentionConfig.chunk_tiles must be at least 1, got {self.chunk_tiles}")
-        if self.far_impl not in ("triton", "gluon"):
-            raise ValueError(f"AttentionConfig.far_impl must be 'triton' or 'gluon', got {self.far_impl!r}")
-        if self.far_impl == "gluon" and (self.block_q != 16 * self.num_warps or self.block_n > 256):
-            raise ValueError(
-                "AttentionConfig.far_impl 'gluon' takes block_q = 16 x num_warps (wgmma's rows) and block_n <= 256"
-            )
+        for name in ("far_impl", "near_impl"):
+            impl = getattr(self, name)
+            if impl not in ("triton", "gluon"):
+                raise ValueError(f"AttentionConfig.{name} must be 'triton' or 'gluon', got {impl!r}")
+            if impl == "gluon" and (
+                self.block_q != 16 * self.num_warps or self.block_n > 256 or self.heads != 1
+            ):
+                raise ValueError(
+                    f"AttentionConfig.{name} 'gluon' takes one head, block_q = 16 x num_warps (wgmma's rows) "
+                    "and block_n <= 256"
+                )
+        if self.near_impl == "gluon" and (self.block_n != self.block_q or self.num_splits != 1):
+            raise ValueError("AttentionConfig.near_impl 'gluon' takes block_n = block_q and one split")
 
 
 @functools.cache
@@ -403,7 +414,7 @@ def _attention(
         lse_part = torch.empty((partials, T, Hq), dtype=torch.float32, device=q.device)
     else:
         o_part = lse_part = out  # unused
-    row = scratch_row(constexprs)
+    row = 0 if config.near_impl == "gluon" else scratch_row(constexprs)
     if row:
         scratch = torch.empty(
             (scratch_slots(T, B, config.block_q) * (Hq // config.heads) * splits, config.block_q, row),
@@ -417,6 +428,12 @@ def _attention(
             gluon_far_launch(
                 q, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, o_part, lse_part, max_seqlen_q,
                 table.shape[0], window, scale, log_floor, log_alpha, config,
+            )  # fmt: skip
+            continue
+        if part != 1 and config.near_impl == "gluon":
+            gluon_near_launch(
+                q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, out, o_part, lse_part,
+                max_seqlen_q, window, scale, log_floor, log_alpha, config, join=part == 2,
             )  # fmt: skip
             continue
         kernels.bank_attention_kernel[grid](
@@ -441,19 +458,14 @@ def gluon_far_launch(
     q, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, o_part, lse_part, max_seqlen_q: int, rows: int,
     window: int, scale: float, log_floor: float, log_alpha: float, config: AttentionConfig,
 ) -> None:  # fmt: skip
-    """The far launch (PART 1) on Hopper's wgmma through Gluon (gluon_far.py): the same far tiles of the same
-    query tiles, the same partial in split 0's slot of (o_part, lse_part)."""
-    from . import gluon_far
+    """The far launch (PART 1) on Hopper's wgmma through Gluon (gluon_attention.py): the same far tiles of the
+    same query tiles, the same partial in split 0's slot of (o_part, lse_part)."""
+    from . import gluon_attention
 
     T, Hq, D = q.shape
-    _check(q.dtype in (torch.bfloat16, torch.float16), "far_impl 'gluon' takes bf16 or fp16 (wgmma)")
-    _check(
-        D % 16 == 0 and 8 <= D <= 256 and 32 % (D // 8) == 0,
-        f"far_impl 'gluon' takes D a multiple of 16 up to 256, got {D}",
-    )
-    _check(q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9, "far_impl 'gluon' runs on sm_90")
+    _check_gluon(q, "far_impl")
     grid = (triton.cdiv(max_seqlen_q, config.block_q), seq_lens.shape[0] * Hq)
-    gluon_far.far_attention_kernel[grid](
+    gluon_attention.far_attention_kernel[grid](
         q, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, o_part, lse_part,
         q.stride(0), q.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_table.stride(0), Hq, rows,
@@ -462,6 +474,42 @@ def gluon_far_launch(
         PAGE=key_cache.shape[1], STAGES=max(2, config.num_stages), LOG_SCALE=log_floor > 0,
         Q_IN_REGISTERS=config.far_q_in_registers, num_warps=config.num_warps,
     )  # fmt: skip
+
+
+def gluon_near_launch(
+    q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, out, o_part, lse_part,
+    max_seqlen_q: int, window: int, scale: float, log_floor: float, log_alpha: float, config: AttentionConfig,
+    join: bool,
+) -> None:  # fmt: skip
+    """The near launch on Hopper's wgmma through Gluon (gluon_attention.py): after a far launch (join) its
+    query tiles' remaining key tiles, joined with the far partial, else every tile; into `out`."""
+    from . import gluon_attention
+
+    T, Hq, D = q.shape
+    DR = table.shape[1]
+    _check_gluon(q, "near_impl")
+    _check(DR % 16 == 0 and 32 % (DR // 8) == 0, f"near_impl 'gluon' takes d_rel 16 or 32 (padded), got {DR}")
+    grid = (triton.cdiv(max_seqlen_q, config.block_q), seq_lens.shape[0] * Hq)
+    gluon_attention.near_attention_kernel[grid](
+        q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, out, o_part, lse_part,
+        q.stride(0), q.stride(1), r.stride(0), r.stride(1), table.stride(0), key_cache.stride(0),
+        key_cache.stride(1), key_cache.stride(2), value_cache.stride(0), value_cache.stride(1),
+        value_cache.stride(2), block_table.stride(0), out.stride(0), out.stride(1), Hq, table.shape[0],
+        window if window > 0 else FULL_WINDOW, scale, log_floor or 1.0, log_alpha,
+        D=D, DR=DR, GROUP=Hq // key_cache.shape[2], BLOCK_Q=config.block_q, BLOCK_N=config.block_n,
+        PAGE=key_cache.shape[1], STAGES=max(2, config.num_stages), LOG_SCALE=log_floor > 0, JOIN=join,
+        Q_IN_REGISTERS=config.far_q_in_registers, num_warps=config.num_warps,
+    )  # fmt: skip
+
+
+def _check_gluon(q: torch.Tensor, what: str) -> None:
+    D = q.shape[-1]
+    _check(q.dtype in (torch.bfloat16, torch.float16), f"{what} 'gluon' takes bf16 or fp16 (wgmma)")
+    _check(
+        D % 16 == 0 and D <= 256 and 32 % (D // 8) == 0,
+        f"{what} 'gluon' takes D a multiple of 16 to 256, got {D}",
+    )
+    _check(q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9, f"{what} 'gluon' runs on sm_90")
 
 
 def far_launches(config: AttentionConfig, constexprs: dict, window: int, rows: int, max_kv: int) -> bool:

@@ -130,22 +130,27 @@ def test_sm90_report_smoke(tmp_path):
     assert "chunk_tiles=7" in (tmp_path / "sm90.md").read_text()
 
 
-def test_sm90_gluon_far_launch_compiles(tmp_path):
-    """The far launch's Gluon kernel (plugins/attention/gluon_far.py, which no interpreter runs) compiles for
-    sm_90 as the launcher launches it on the real full layer: both GEMMs on wgmma, K/V by cp.async, no
-    spills, and at least two programs an SM."""
+def test_sm90_gluon_launches_compile(tmp_path):
+    """The Gluon launches (plugins/attention/gluon_attention.py, which no interpreter runs) compile for sm_90
+    as the launcher launches them on the real full layer: both GEMMs (and the near launch's relative band) on
+    wgmma, K/V by cp.async, no spills; the far launch at least two programs an SM, three with Q in
+    registers."""
     from bench.sm90 import main as sm90_main
 
-    assert sm90_main(["--seq", "8192", "--only", "far_impl='gluon'", "--out", str(tmp_path)]) == 0
+    assert sm90_main(["--seq", "8192", "--only", "gluon", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "sm90.json").read_text())["rows"]
-    assert [r["variant"].split()[2] for r in rows] == ["2s", "3s", "2s"]  # K/V ring slots
+    far = [r for r in rows if "far_impl='gluon'" in r["variant"]]
+    near = [r for r in rows if "near_impl='gluon'" in r["variant"]]
+    assert len(far) == 3 and len(near) == 2
     for row in rows:
-        assert 0 < row["registers"] <= 168 and row["spill_bytes"] == 0 and row["mma.sync"] == 0
+        assert 0 < row["registers"] <= 255 and row["spill_bytes"] == 0 and row["mma.sync"] == 0
         assert row["wgmma"] > 0 and row["cp.async"] > 0
-        assert min(row["programs_by_registers"], row["programs_by_shared"]) >= 2
-    # Q in registers: 16 KB less shared memory a program, three programs an SM
-    assert rows[2]["shared_bytes"] == rows[0]["shared_bytes"] - 64 * 128 * 2
-    assert min(rows[2]["programs_by_registers"], rows[2]["programs_by_shared"]) == 3
+    assert all(
+        r["registers"] <= 168 and min(r["programs_by_registers"], r["programs_by_shared"]) >= 2 for r in far
+    )
+    assert far[2]["shared_bytes"] == far[0]["shared_bytes"] - 64 * 128 * 2  # Q in registers: 16 KB less
+    assert min(far[2]["programs_by_registers"], far[2]["programs_by_shared"]) == 3
+    assert all(r["wgmma"] > far[0]["wgmma"] for r in near)  # the band's own wgmma
 
 
 def test_sm90_decode_report(tmp_path):

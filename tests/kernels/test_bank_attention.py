@@ -261,46 +261,70 @@ def test_gpu_long_prefill_real_shapes():
         assert_close(out, batch.truth, 3e-2)
 
 
-def gluon_far_ok() -> bool:
+def gluon_ok() -> bool:
     return HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 
 
-GLUON_FAR = [
-    # a small full layer (extent 24, log floor 20 passed): programs with far tiles, with none (prompts shorter
-    # than the extent, the diagonal's), chunks and one-query rows; key tiles of 16, 32 and 64
-    (Layer(hq=8, hkv=1, extent=24, window=0, log_floor=20), [(300, 300), (260, 100), (58, 2), (12, 12), (200, 1)], 64, 16),
-    (Layer(hq=8, hkv=1, extent=24, window=0, log_floor=20), [(300, 300), (260, 100), (200, 1)], 64, 32),
-    # the real full layer: 64 / 8 heads, D 128, extent 1024, log floor passed
-    (Layer(hq=64, hkv=8, extent=1024, window=0, log_floor=1000), [(3000, 3000), (2600, 512), (1500, 700)], 128, 64),
-]  # fmt: skip
+SMALL_FULL = Layer(hq=8, hkv=1, extent=24, window=0, log_floor=20)
+REAL_FULL = Layer(hq=64, hkv=8, extent=1024, window=0, log_floor=1000)
+REAL_SLIDING = Layer(hq=64, hkv=16, extent=512, window=512, log_floor=0)
+# Programs with far tiles and with none (prompts shorter than the extent, the diagonal's), chunks, one-query rows.
+SMALL_SEQS = [(300, 300), (260, 100), (58, 2), (12, 12), (200, 1)]
+REAL_SEQS = [(3000, 3000), (2600, 512), (1500, 700), (700, 1)]
+
+
+def _gluon(block_n: int = 64, stages: int = 2, **kw) -> AttentionConfig:
+    return AttentionConfig(
+        heads=1, block_q=64, block_n=block_n, num_splits=1, num_stages=stages, shear="chunk", **kw
+    )
+
+
+# (layer, seqs, head dim, the config with a Gluon launch): the far launch with key tiles of 16, 32 and 64, 2
+# or 3 K/V slots, Q in registers; the near launch after the `tl` far launch or the Gluon one, alone on a full
+# layer (its band clamped to the zero row past the extent) and on sliding layers (the window's edge masked)
+GLUON_CASES = {
+    "far-small-16": (SMALL_FULL, SMALL_SEQS, 64, _gluon(16, far_launch=True, far_impl="gluon")),
+    "far-small-32-3s": (SMALL_FULL, SMALL_SEQS, 64, _gluon(32, 3, far_launch=True, far_impl="gluon")),
+    "far-real": (REAL_FULL, REAL_SEQS, 128, _gluon(far_launch=True, far_impl="gluon")),
+    "far-real-q-registers": (REAL_FULL, REAL_SEQS, 128, _gluon(far_launch=True, far_impl="gluon",
+                                                               far_q_in_registers=True)),
+    "near-small-join": (SMALL_FULL, SMALL_SEQS, 64, _gluon(far_launch=True, near_impl="gluon")),
+    "near-small-alone": (SMALL_FULL, SMALL_SEQS, 64, _gluon(near_impl="gluon")),
+    "near-small-sliding": (SLIDING, SMALL_SEQS, 64, _gluon(near_impl="gluon")),
+    "both-real": (REAL_FULL, REAL_SEQS, 128, _gluon(far_launch=True, far_impl="gluon", near_impl="gluon")),
+    "both-real-3s-q-registers": (REAL_FULL, REAL_SEQS, 128, _gluon(64, 3, far_launch=True, far_impl="gluon",
+                                                                   near_impl="gluon", far_q_in_registers=True)),
+    "near-real-sliding": (REAL_SLIDING, REAL_SEQS, 128, _gluon(near_impl="gluon")),
+}  # fmt: skip
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not gluon_far_ok(), reason="needs an sm_90 GPU (Gluon's wgmma)")
-@pytest.mark.parametrize("stages,q_in_registers", [(2, False), (3, False), (2, True)])
-@pytest.mark.parametrize("layer,seqs,d,block_n", GLUON_FAR, ids=["small-16", "small-32", "real"])
-def test_gpu_gluon_far_launch(layer, seqs, d, block_n, stages, q_in_registers):
-    """The far launch on Gluon (AttentionConfig.far_impl) gives what the `tl` far launch gives, joined by
-    the same near launch, and both the math, in bf16."""
+@pytest.mark.skipif(not gluon_ok(), reason="needs an sm_90 GPU (Gluon's wgmma)")
+@pytest.mark.parametrize("name", GLUON_CASES)
+def test_gpu_gluon_launches(name):
+    """The Gluon launches (AttentionConfig.far_impl, near_impl) give what the `tl` launches of the same tiles
+    give, and both the model's math, in bf16."""
     import dataclasses
 
+    layer, seqs, d, config = GLUON_CASES[name]
     batch = make_batch(seqs, layer, d=d, dtype=torch.bfloat16)
-    base = AttentionConfig(heads=1, block_q=64, block_n=block_n, num_splits=1, num_stages=stages, shear="chunk",
-                           far_launch=True)  # fmt: skip
-    tl_far = launcher.bank_attention(*batch.args, config=base)
-    gluon = dataclasses.replace(base, far_impl="gluon", far_q_in_registers=q_in_registers)
-    gluon_far = launcher.bank_attention(*batch.args, config=gluon)
-    assert_close(tl_far, batch.truth, 3e-2)
-    assert_close(gluon_far, batch.truth, 3e-2)
-    assert_close(gluon_far, tl_far, 1.6e-2)
+    tl_config = dataclasses.replace(config, far_impl="triton", near_impl="triton", far_q_in_registers=False)
+    tl_out = launcher.bank_attention(*batch.args, config=tl_config)
+    out = launcher.bank_attention(*batch.args, config=config)
+    assert_close(tl_out, batch.truth, 3e-2)
+    assert_close(out, batch.truth, 3e-2)
+    assert_close(out, tl_out, 1.6e-2)
 
 
-def test_gluon_far_is_asked_for_its_own_shapes():
-    """far_impl 'gluon' takes wgmma's rows (16 per warp) and tiles of at most 256 keys; other values refused."""
-    assert (
-        AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, far_impl="gluon").far_impl == "gluon"
-    )
+def test_gluon_launches_are_asked_for_their_own_shapes():
+    """far_impl / near_impl 'gluon' take one head, wgmma's rows (16 per warp) and tiles of at most 256 keys; the
+    near launch square tiles and one split; other values refused."""
+    assert _gluon(far_impl="gluon", near_impl="gluon").near_impl == "gluon"
     with pytest.raises(ValueError, match="16 x num_warps"):
         AttentionConfig(heads=1, block_q=32, block_n=64, num_splits=1, far_impl="gluon")
+    with pytest.raises(ValueError, match="block_n = block_q"):
+        _gluon(32, near_impl="gluon")
+    with pytest.raises(ValueError, match="one split"):
+        AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=2, near_impl="gluon")
     with pytest.raises(ValueError, match="far_impl must be"):
-        AttentionConfig(heads=1, block_q=64, block_n=64, num_splits=1, far_impl="cuda")
+        _gluon(far_impl="cuda")
