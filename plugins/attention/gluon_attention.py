@@ -16,9 +16,9 @@ the diagonal, masked where a key may be disallowed, with the relative term r . P
   with the table rows gathered in descending distance ([DR, W] in shared memory);
 - F is stored through a padded layout, a row pitch of W + 1; the same bytes read as an unpadded [BLOCK_Q, W]
   view put F[a, v] at view column v + a, so the view's columns BLOCK_Q .. BLOCK_Q + BLOCK_N - 1 hold
-  F[a, BLOCK_Q + b - a], the term of (a, b): a slice at a tile-aligned column, read with a column-contiguous
-  layout and converted to the scores' (wgmma's own layout on both sides failed on the H200 with misaligned
-  addresses when this was first tried).
+  F[a, BLOCK_Q + b - a], the term of (a, b): a slice at a tile-aligned column. F is stored one element a
+  thread (rows of pitch W + 1 start off 16-byte boundaries: wgmma's own layout, which stores vectors, failed
+  on the H200 with misaligned addresses when this was first tried) and the view read in vectors of 4.
 
 Common to both: Q of one head (BLOCK_Q rows) is loaded once into shared memory in the layout wgmma reads (or,
 with Q_IN_REGISTERS, kept in registers as wgmma's first operand: 16 KB less shared memory a program); K and V
@@ -294,8 +294,11 @@ def near_attention_kernel(
         )
         load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
         band_load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (DR // 8), DR // 8], [NW, 1], [1, 0])
-        # F's store and the sheared view's load: each warp a run of whole rows' columns
-        col_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NW, 1], [1, 0])
+        # F's store into the padded layout: one element a thread, consecutive columns across a warp (no bank
+        # conflicts; a vector store would meet rows that start off 16-byte boundaries, pitch W + 1). The
+        # sheared view's load: vectors of 4 (its rows start on 16 bytes), 16 threads a row.
+        f_store_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        view_load_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [NW, 1], [1, 0])
         f_smem_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[W, 1]], [BLOCK_Q, W], [1, 0])
         view_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         dtype: gl.constexpr = q_ptr.dtype.element_ty
@@ -372,9 +375,9 @@ def near_attention_kernel(
             f = warpgroup_mma(r_op, band_smem.permute((1, 0)), f_zero, use_acc=False, is_async=True)
             s = warpgroup_mma(q_op, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             f = warpgroup_mma_wait(num_outstanding=1, deps=(f,))
-            f_smem.store(gl.convert_layout(f, col_layout))
+            f_smem.store(gl.convert_layout(f, f_store_layout))
             gl.thread_barrier()  # every row of F stored before any row's sheared read
-            rel = gl.convert_layout(f_view.load(col_layout), s_layout)
+            rel = gl.convert_layout(f_view.load(view_load_layout), s_layout)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             s = s * qk_scale[:, None] + rel * LOG2E
             keys = t * BLOCK_N + cols_s
