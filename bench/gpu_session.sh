@@ -138,10 +138,11 @@ real-kernels)
     ;;
 real-check)
     # The MoE's GPU tests (the bf16 gate's float32 sums among them) and the CUDA engine against transformers,
-    # MTP on graphs included; carry [".whl"]
+    # MTP on graphs included, then built with --compile; carry [".whl"]
     with_transformers
     run moe_real 100 "${PYTEST[@]}" -m gpu tests/kernels/test_sigmoid_moe.py
     run published_gpu 240 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run compiled_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_compiled_gpu.py
     pack real-check
     ;;
 real-mtp)
