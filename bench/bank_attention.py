@@ -174,6 +174,8 @@ PREFILL_VARIANTS = [
     _tiles(64, 64, 4, 3, shear="chunk", far_launch=True, far_impl="gluon"),
     _tiles(64, 64, 4, shear="chunk", far_launch=True, far_impl="gluon", far_q_in_registers=True),
     _tiles(64, 64, 4, 3, shear="chunk", far_launch=True, far_impl="gluon", far_q_in_registers=True),
+    # two warpgroups of 64 query rows sharing each K/V tile (128 registers, 96 KB: two programs an SM)
+    _tiles(128, 64, 8, shear="chunk", far_launch=True, far_impl="gluon"),
     _tiles(64, 64, 4, shear="scratch"),
     _tiles(64, 128, 4, shear="chunk", chunk_tiles=2),
     _tiles(128, 64, 8, shear="chunk"),

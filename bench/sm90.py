@@ -63,6 +63,17 @@ GLUON_VARIANTS = [
     _gluon(far_launch=True, far_impl="gluon"),
     _gluon(far_launch=True, far_impl="gluon", num_stages=3),
     _gluon(far_launch=True, far_impl="gluon", far_q_in_registers=True),
+    # two warpgroups of 64 query rows sharing each K/V tile
+    AttentionConfig(
+        heads=1,
+        block_q=128,
+        block_n=64,
+        num_splits=1,
+        num_warps=8,
+        shear="chunk",
+        far_launch=True,
+        far_impl="gluon",
+    ),  # fmt: skip
     # the near launch on Gluon: after the far launch, and alone (every tile, as on a sliding layer)
     _gluon(far_launch=True, near_impl="gluon"),
     _gluon(near_impl="gluon"),

@@ -141,7 +141,7 @@ def test_sm90_gluon_launches_compile(tmp_path):
     rows = json.loads((tmp_path / "sm90.json").read_text())["rows"]
     far = [r for r in rows if "far_impl='gluon'" in r["variant"]]
     near = [r for r in rows if "near_impl='gluon'" in r["variant"]]
-    assert len(far) == 3 and len(near) == 2
+    assert len(far) == 4 and len(near) == 2
     for row in rows:
         assert 0 < row["registers"] <= 255 and row["spill_bytes"] == 0 and row["mma.sync"] == 0
         assert row["wgmma"] > 0 and row["cp.async"] > 0

@@ -288,6 +288,8 @@ GLUON_CASES = {
     "far-real": (REAL_FULL, REAL_SEQS, 128, _gluon(far_launch=True, far_impl="gluon")),
     "far-real-q-registers": (REAL_FULL, REAL_SEQS, 128, _gluon(far_launch=True, far_impl="gluon",
                                                                far_q_in_registers=True)),
+    "far-real-128-rows": (REAL_FULL, REAL_SEQS, 128, AttentionConfig(heads=1, block_q=128, block_n=64, num_splits=1,
+                          num_warps=8, shear="chunk", far_launch=True, far_impl="gluon")),
     "near-small-join": (SMALL_FULL, SMALL_SEQS, 64, _gluon(far_launch=True, near_impl="gluon")),
     "near-small-alone": (SMALL_FULL, SMALL_SEQS, 64, _gluon(near_impl="gluon")),
     "near-small-sliding": (SLIDING, SMALL_SEQS, 64, _gluon(near_impl="gluon")),
