@@ -169,13 +169,29 @@ PREFILL_VARIANTS = [
     _tiles(64, 64, 4, shear="chunk", table_dtype="bfloat16"),
     _tiles(64, 64, 4, shear="chunk", far_launch=True),  # full layers: the far tiles in their own launch
     _tiles(64, 64, 4, 3, shear="chunk", far_launch=True),
-    # the far launch on Hopper's wgmma through Gluon (plugins/attention/gluon_far.py), 2 and 3 K/V slots
+    # the far launch on Hopper's wgmma through Gluon (plugins/attention/gluon_attention.py), 2 and 3 K/V slots
     _tiles(64, 64, 4, shear="chunk", far_launch=True, far_impl="gluon"),
     _tiles(64, 64, 4, 3, shear="chunk", far_launch=True, far_impl="gluon"),
     _tiles(64, 64, 4, shear="chunk", far_launch=True, far_impl="gluon", far_q_in_registers=True),
     _tiles(64, 64, 4, 3, shear="chunk", far_launch=True, far_impl="gluon", far_q_in_registers=True),
     # two warpgroups of 64 query rows sharing each K/V tile (128 registers, 96 KB: two programs an SM)
     _tiles(128, 64, 8, shear="chunk", far_launch=True, far_impl="gluon"),
+    # the near launch through Gluon too (the relative band on wgmma, sheared through shared memory), after the
+    # `tl` or the Gluon far launch; on a sliding layer every tile. Its band in bf16 with Q in registers: two
+    # programs an SM instead of one
+    _tiles(64, 64, 4, shear="chunk", far_launch=True, near_impl="gluon"),
+    _tiles(64, 64, 4, shear="chunk", far_launch=True, far_impl="gluon", near_impl="gluon"),
+    _tiles(
+        64,
+        64,
+        4,
+        shear="chunk",
+        far_launch=True,
+        far_impl="gluon",
+        near_impl="gluon",
+        table_dtype="bfloat16",
+        far_q_in_registers=True,
+    ),  # fmt: skip
     _tiles(64, 64, 4, shear="scratch"),
     _tiles(64, 128, 4, shear="chunk", chunk_tiles=2),
     _tiles(128, 64, 8, shear="chunk"),

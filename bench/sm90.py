@@ -77,6 +77,9 @@ GLUON_VARIANTS = [
     # the near launch on Gluon: after the far launch, and alone (every tile, as on a sliding layer)
     _gluon(far_launch=True, near_impl="gluon"),
     _gluon(near_impl="gluon"),
+    _gluon(far_launch=True, near_impl="gluon", table_dtype="bfloat16"),  # the band in bf16: half its bytes
+    # and Q in registers: two programs an SM (252 registers, 100 KB)
+    _gluon(far_launch=True, near_impl="gluon", table_dtype="bfloat16", far_q_in_registers=True),
 ]
 
 
@@ -167,7 +170,7 @@ def compile_gluon(config: AttentionConfig):
                   "STAGES": max(2, config.num_stages), "LOG_SCALE": True,
                   "Q_IN_REGISTERS": config.far_q_in_registers}  # fmt: skip
     if near:
-        constexprs |= {"DR": DR, "JOIN": config.far_launch}
+        constexprs |= {"DR": DR, "JOIN": config.far_launch, "BAND_BF16": config.table_dtype == "bfloat16"}
     return compile_sm90(
         kernel, pointers, ints, ("scale", "log_floor", "log_alpha"), constexprs, config.num_warps,
         config.num_stages, gluon=True,

@@ -255,6 +255,7 @@ def near_attention_kernel(
     LOG_SCALE: gl.constexpr,
     JOIN: gl.constexpr,  # the far launch ran: start past its tiles and join its partial (full layers)
     Q_IN_REGISTERS: gl.constexpr = False,
+    BAND_BF16: gl.constexpr = False,  # the band F through shared memory in bf16 (the term rounded): half the bytes
 ):
     NW: gl.constexpr = gl.num_warps()
     W: gl.constexpr = BLOCK_Q + BLOCK_N  # the band's columns (one more than the distances a tile spans)
@@ -319,8 +320,9 @@ def near_attention_kernel(
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], smem_layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], smem_layout)
         band_smem = gl.allocate_shared_memory(dtype, [W, DR], band_smem_layout)
-        f_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_Q, W], f_smem_layout)
-        f_view = f_smem._reinterpret(gl.float32, [BLOCK_Q, W], view_layout).slice(BLOCK_Q, BLOCK_N, dim=1)
+        f_dtype: gl.constexpr = gl.bfloat16 if BAND_BF16 else gl.float32
+        f_smem = gl.allocate_shared_memory(f_dtype, [BLOCK_Q, W], f_smem_layout)
+        f_view = f_smem._reinterpret(f_dtype, [BLOCK_Q, W], view_layout).slice(BLOCK_Q, BLOCK_N, dim=1)
 
         rows_s = gl.arange(0, BLOCK_Q, layout=gl.SliceLayout(1, s_layout))
         pos_s = first_pos + rows_s
@@ -375,9 +377,9 @@ def near_attention_kernel(
             f = warpgroup_mma(r_op, band_smem.permute((1, 0)), f_zero, use_acc=False, is_async=True)
             s = warpgroup_mma(q_op, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             f = warpgroup_mma_wait(num_outstanding=1, deps=(f,))
-            f_smem.store(gl.convert_layout(f, f_store_layout))
+            f_smem.store(gl.convert_layout(f.to(f_dtype), f_store_layout))
             gl.thread_barrier()  # every row of F stored before any row's sheared read
-            rel = gl.convert_layout(f_view.load(view_load_layout), s_layout)
+            rel = gl.convert_layout(f_view.load(view_load_layout), s_layout).to(gl.float32)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             s = s * qk_scale[:, None] + rel * LOG2E
             keys = t * BLOCK_N + cols_s

@@ -73,7 +73,7 @@ class AttentionConfig:
     far_impl: str = "triton"
     # The near launch's kernel (the rest of a far-launched layer, or every tile of another one-head prefill):
     # "triton", or "gluon" (gluon_attention.py: the relative band on wgmma, sheared through a padded
-    # shared-memory layout; block_q = block_n, one split).
+    # shared-memory layout, in table_dtype; block_q = block_n, one split).
     near_impl: str = "triton"
     # far_impl / near_impl "gluon": Q held in registers as wgmma's operand, not in shared memory (16 KB less
     # shared memory a program; on sm_90 the far kernel's 126 registers become 164: three programs an SM)
@@ -498,7 +498,8 @@ def gluon_near_launch(
         window if window > 0 else FULL_WINDOW, scale, log_floor or 1.0, log_alpha,
         D=D, DR=DR, GROUP=Hq // key_cache.shape[2], BLOCK_Q=config.block_q, BLOCK_N=config.block_n,
         PAGE=key_cache.shape[1], STAGES=max(2, config.num_stages), LOG_SCALE=log_floor > 0, JOIN=join,
-        Q_IN_REGISTERS=config.far_q_in_registers, num_warps=config.num_warps,
+        Q_IN_REGISTERS=config.far_q_in_registers, BAND_BF16=config.table_dtype == "bfloat16",
+        num_warps=config.num_warps,
     )  # fmt: skip
 
 

@@ -297,6 +297,10 @@ GLUON_CASES = {
     "both-real-3s-q-registers": (REAL_FULL, REAL_SEQS, 128, _gluon(64, 3, far_launch=True, far_impl="gluon",
                                                                    near_impl="gluon", far_q_in_registers=True)),
     "near-real-sliding": (REAL_SLIDING, REAL_SEQS, 128, _gluon(near_impl="gluon")),
+    # the band through shared memory in bf16 (against the `tl` launch's bf16 table), Q in registers
+    "both-real-bf16-band": (REAL_FULL, REAL_SEQS, 128, _gluon(far_launch=True, far_impl="gluon", near_impl="gluon",
+                                                              table_dtype="bfloat16", far_q_in_registers=True)),
+    "near-real-sliding-bf16-band": (REAL_SLIDING, REAL_SEQS, 128, _gluon(near_impl="gluon", table_dtype="bfloat16")),
 }  # fmt: skip
 
 
