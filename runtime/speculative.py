@@ -258,10 +258,13 @@ class RoundCosts:
     Seconds are EMAs of measured rounds per (batch bucket, drafts), restarted by a revisit. A round is
     measured only when the round before it was a decode round of the same batch size and drafts: the first
     round after a change (a new cap, a prefill, a new sequence, a graph capture) carries work of the other
-    kind. A number of drafts not yet measured at a bucket is tried before any choice; every `revisit`
-    measured rounds of a bucket the one measured least recently is tried again, so costs that move (longer
-    contexts, other traffic) are seen and the sequences' acceptance EMAs keep being fed while drafting is
-    off."""
+    kind. At a bucket the two ends are measured first, the most drafts asked for (unless more were measured)
+    and none; a number in between is priced by interpolating between its measured neighbours and tried only
+    when that estimate makes it the best (depths that accept nothing then cost two exploring rounds, not
+    six). Every `revisit`
+    measured rounds of a bucket the number measured least recently is tried again, so costs that move
+    (longer contexts, other traffic) are seen and the sequences' acceptance EMAs keep being fed while
+    drafting is off."""
 
     alpha: float = 0.25
     revisit: int = 256
@@ -290,16 +293,26 @@ class RoundCosts:
             return 0
         batch = len(wants) if batch is None else batch
         bucket = batch_bucket(batch)
+        known = sorted(c for b, c in self.seconds if b == bucket)  # measured numbers of drafts, any
+        if not known or known[-1] < top:  # the upper end: a number at least `top` (fewer drafts near a
+            return top  # sequence's end are priced below one measured)
+        if known[0] != 0:
+            return 0
         caps = range(top + 1)
-        unmeasured = [c for c in caps if (bucket, c) not in self.seconds]
-        if unmeasured:
-            return unmeasured[-1]
-        stale = min(caps, key=lambda c: self.measured_at[(bucket, c)])
+        stale = min((c for c in known if c <= top), key=lambda c: self.measured_at[(bucket, c)])
         if self.rounds[bucket] - self.measured_at[(bucket, stale)] >= self.revisit:
             return stale
 
+        def seconds(c: int) -> float:
+            if (bucket, c) in self.seconds:
+                return self.seconds[(bucket, c)]
+            below = max(k for k in known if k < c)
+            above = min(k for k in known if k > c)
+            lo, hi = self.seconds[(bucket, below)], self.seconds[(bucket, above)]
+            return lo + (hi - lo) * (c - below) / (above - below)
+
         def rate(c: int) -> float:
             tokens = sum(expected_tokens(ema, min(n, c)) for ema, n in wants) + batch - len(wants)
-            return tokens / self.seconds[(bucket, c)]
+            return tokens / seconds(c)
 
-        return max(caps, key=rate)
+        return max(caps, key=rate)  # an unmeasured best is tried: its round measures it

@@ -257,8 +257,9 @@ def measured(costs: RoundCosts, batch: int, seconds: dict[int, float], times: in
 
 
 def test_round_costs_explore_then_keep_what_pays():
-    """The cost side of the draft policy: every number of drafts is measured at a batch bucket (the largest
-    first) before any choice, then the one whose expected tokens per second are highest is kept."""
+    """The cost side of the draft policy: at a batch bucket the most drafts asked for and none are measured
+    first, then the number whose expected tokens per second are highest (those between priced by
+    interpolation) is kept."""
     from runtime.speculative import batch_bucket
 
     assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 33, 64)] == [1, 2, 4, 4, 8, 64, 64]
@@ -266,16 +267,39 @@ def test_round_costs_explore_then_keep_what_pays():
     wants = [([0.9, 0.8, 0.7], 3)] * 4
     assert costs.cap([([1.0], 0)] * 4) == 0  # nobody drafts: nothing to measure
     tried = []
-    for _ in range(4):
+    for _ in range(3):
         tried.append(cap := costs.cap(wants))
         costs.record(4, cap, 0.010 + 0.002 * cap)
-    assert tried == [3, 2, 1, 0] and costs.seconds[(4, 2)] == pytest.approx(0.014)
+    assert tried == [3, 0, 3] and (4, 2) not in costs.seconds  # 2 drafts: priced, never worth a round
     assert costs.cap(wants) == 3  # 3.4 tokens a sequence in 16 ms beats 1 in 10 ms
     # a batch of 3 shares the bucket of 4; a batch of 5 has its own, still unmeasured
     assert costs.cap(wants[:3]) == 3 and costs.cap(wants * 2) == 3 and (8, 3) not in costs.seconds
     # the EMA follows a cost that moved: drafting became dear
     measured(costs, 4, {1: 0.030, 2: 0.050, 3: 0.070}, times=20)
     assert costs.cap(wants) == 0
+
+
+def test_round_costs_try_a_number_between_only_where_its_estimate_pays():
+    """Depths that accept nothing (random ones: their EMAs fall while 3 drafts are measured) cost the two ends'
+    rounds and no more: 1 and 2 drafts, priced between the ends, never beat none. Where a round's cost rises
+    steeply past one draft, the estimate of 1 draft wins, so it is tried, measured, and kept."""
+    costs = RoundCosts()
+    plain, three = 0.0034, 0.0122  # H100, batch 1 (test_round_costs_on_measured_h100_rounds)
+    tried = []
+    ema = [0.81, 0.81, 0.81]  # after two rounds of 3 drafts that accepted nothing (EMAs start at 1.0)
+    for _ in range(6):
+        tried.append(cap := costs.cap([(ema, 3)]))
+        costs.record(1, cap, {0: plain, 3: three}.get(cap, 0.5))
+    assert tried == [3, 0, 0, 0, 0, 0]
+    assert (
+        costs.cap([(ema, 2)]) == 0
+    )  # 2 drafts asked for (a sequence near its end): priced below 3, not tried
+    costs = RoundCosts()
+    ema = [0.9, 0.3, 0.3]  # position 1 pays, the others hardly
+    measured(costs, 1, {3: 0.0122, 0: 0.0034})
+    assert costs.cap([(ema, 3)]) == 1  # (1 + 0.9) / 6.3 ms, interpolated, beats 1 / 3.4 ms and 2.5 / 12.2 ms
+    costs.record(1, 1, 0.0050)
+    assert costs.cap([(ema, 3)]) == 1 and costs.seconds[(1, 1)] == pytest.approx(0.0050)
 
 
 def test_round_costs_on_measured_h100_rounds():
