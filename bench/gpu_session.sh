@@ -12,8 +12,9 @@
 #     bash bench/gpu_session.sh attention-variants  # 1 GPU: the attention kernel's GPU tests, then the prefill
 #                                             #   tiles and a minimal flash kernel timed (bench.bank_attention --variants)
 #     bash bench/gpu_session.sh attention-check  # 1 GPU: the attention kernel's GPU tests, the CUDA engine against
-#                                             #   transformers, the launcher's prefill tiles and the Gluon far
-#                                             #   launch timed (carry [".whl"])
+#                                             #   transformers, the launcher's prefill tiles timed (carry [".whl"])
+#     bash bench/gpu_session.sh gluon         # 1 GPU: the Gluon attention launches' GPU tests, then every
+#                                             #   Gluon variant timed beside the launcher's and SDPA
 #     bash bench/gpu_session.sh moe           # 1 GPU: the MoE launcher's GPU tests, then bench/moe.py on the real
 #                                             #   layer (tuning, bound, bf16 peer)
 #     bash bench/gpu_session.sh moe-decode    # 1 GPU: the decode kernels' GPU tests, their variants timed, the tuned op
@@ -231,8 +232,15 @@ attention-check)
     with_transformers
     run bank_attention_gpu 150 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
     run published_gpu 240 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
-    run variants 200 python3 -m bench.bank_attention --variants --only "far_impl='gluon'" --out "$OUT/attn"
+    run variants 150 python3 -m bench.bank_attention --variants --launcher-only --out "$OUT/attn"
     pack attention-check
+    ;;
+gluon)
+    # The Gluon attention launches (plugins/attention/gluon_attention.py): their GPU tests against the `tl`
+    # launches and the math, then every Gluon variant timed beside the launcher's tiles and SDPA
+    run gluon_gpu 150 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py -k gluon
+    run variants "${VARIANTS_LIMIT:-400}" python3 -m bench.bank_attention --variants --only gluon --out "$OUT/attn"
+    pack gluon
     ;;
 attention-variants)
     run bank_attention_gpu "${TEST_LIMIT:-150}" "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
