@@ -13,7 +13,8 @@ the diagonal, masked where a key may be disallowed, with the relative term r . P
 - for query row a and key column b of a tile the distance is d0 + a - b (d0 = first query's position minus
   the tile's first key), so the term is a band of BLOCK_Q + BLOCK_N - 1 distances read sheared. The band
   F[a, v] = r_a . P[:, clamp(d0 + BLOCK_Q - v)] (v < W = BLOCK_Q + BLOCK_N) is one wgmma of r [BLOCK_Q, DR]
-  with the table rows gathered in descending distance ([DR, W] in shared memory);
+  with the table rows gathered in descending distance ([DR, W] in shared memory, copied by cp.async with
+  the tile's K and V, a ring slot each);
 - F is stored through a padded layout, a row pitch of W + 1; the same bytes read as an unpadded [BLOCK_Q, W]
   view put F[a, v] at view column v + a, so the view's columns BLOCK_Q .. BLOCK_Q + BLOCK_N - 1 hold
   F[a, BLOCK_Q + b - a], the term of (a, b): a slice at a tile-aligned column. F is stored one element a
@@ -155,7 +156,7 @@ def far_attention_kernel(
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], smem_layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], smem_layout)
 
-        # The scores' scale per row: 1/sqrt-free `scale` (the caller's), log2 e, and tau(i) on full layers.
+        # The scores' scale per row: the caller's `scale` (1/D for Inkling), log2 e, and tau(i) on full layers.
         rows_s = gl.arange(0, BLOCK_Q, layout=gl.SliceLayout(1, s_layout))
         qk_scale = gl.full([BLOCK_Q], scale * LOG2E, gl.float32, layout=gl.SliceLayout(1, s_layout))
         if LOG_SCALE:
@@ -319,7 +320,7 @@ def near_attention_kernel(
             q_op = gl.allocate_shared_memory(dtype, [BLOCK_Q, D], smem_layout, q)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], smem_layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], smem_layout)
-        band_smem = gl.allocate_shared_memory(dtype, [W, DR], band_smem_layout)
+        band_smem = gl.allocate_shared_memory(dtype, [STAGES, W, DR], band_smem_layout)
         f_dtype: gl.constexpr = gl.bfloat16 if BAND_BF16 else gl.float32
         f_smem = gl.allocate_shared_memory(f_dtype, [BLOCK_Q, W], f_smem_layout)
         f_view = f_smem._reinterpret(f_dtype, [BLOCK_Q, W], view_layout).slice(BLOCK_Q, BLOCK_N, dim=1)
@@ -352,7 +353,13 @@ def near_attention_kernel(
         cols_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         v_band = gl.arange(0, W, layout=gl.SliceLayout(1, band_load_layout))
 
+        # Each tile's band rides in its K/V copies' commit group, in a ring slot of its own: row v of tile t's
+        # is P[:, d0 + BLOCK_Q - v] (d0 = first_pos - t * BLOCK_N), clamped to the table.
         for i in gl.static_range(STAGES - 1):
+            x = gl.minimum(gl.maximum(first_pos - (start + i) * BLOCK_N + BLOCK_Q - v_band, 0), R - 1)
+            cp.async_copy_global_to_shared(
+                band_smem.index(i), table_ptr + x[:, None] * stride_tr + offs_r[None, :]
+            )
             _issue_kv(
                 k_smem, v_smem, k_cache_ptr, v_cache_ptr, block_table_ptr, seq, kv_head, start + i, lo, hi, i,
                 stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, D, BLOCK_N, PAGE,
@@ -361,20 +368,23 @@ def near_attention_kernel(
         for i in range(tile_hi - start):
             t = start + i
             stage = i % STAGES
-            # The band of this tile's distances, descending: row v of the table tile is P[:, d0 + BLOCK_Q - v].
-            d0 = first_pos - t * BLOCK_N
-            x = gl.minimum(gl.maximum(d0 + BLOCK_Q - v_band, 0), R - 1)
-            band_smem.store(gl.load(table_ptr + x[:, None] * stride_tr + offs_r[None, :]))
-            cp.wait_group(STAGES - 2)  # this thread's copies of tile i have landed
-            fence_async_shared()  # they, the band and Q, seen by wgmma's async reads
-            gl.thread_barrier()  # everyone's have; everyone is past tile i - 1's reads of its slot and of F
+            cp.wait_group(STAGES - 2)  # this thread's copies of tile i (K, V, its band) have landed
+            fence_async_shared()  # they and Q, seen by wgmma's async reads
+            gl.thread_barrier()  # everyone's have; everyone is past tile i - 1's reads of its slots and of F
+            nxt = (i + STAGES - 1) % STAGES
+            x = gl.minimum(gl.maximum(first_pos - (t + STAGES - 1) * BLOCK_N + BLOCK_Q - v_band, 0), R - 1)
+            cp.async_copy_global_to_shared(
+                band_smem.index(nxt), table_ptr + x[:, None] * stride_tr + offs_r[None, :]
+            )
             _issue_kv(
-                k_smem, v_smem, k_cache_ptr, v_cache_ptr, block_table_ptr, seq, kv_head, t + STAGES - 1, lo, hi,
-                (i + STAGES - 1) % STAGES, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                stride_bt, D, BLOCK_N, PAGE, load_layout,
+                k_smem, v_smem, k_cache_ptr, v_cache_ptr, block_table_ptr, seq, kv_head, t + STAGES - 1, lo, hi, nxt,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, D, BLOCK_N, PAGE,
+                load_layout,
             )  # fmt: skip
             # The band first: its shear (a store and a read through shared memory) overlaps Q K^T.
-            f = warpgroup_mma(r_op, band_smem.permute((1, 0)), f_zero, use_acc=False, is_async=True)
+            f = warpgroup_mma(
+                r_op, band_smem.index(stage).permute((1, 0)), f_zero, use_acc=False, is_async=True
+            )
             s = warpgroup_mma(q_op, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             f = warpgroup_mma_wait(num_outstanding=1, deps=(f,))
             f_smem.store(gl.convert_layout(f.to(f_dtype), f_store_layout))
