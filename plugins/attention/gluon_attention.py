@@ -74,6 +74,38 @@ def _issue_kv(
 
 
 @gluon.jit
+def _far_end(first_pos, last_pos, tile_lo, R, window, BLOCK_N: gl.constexpr):
+    """The end of a query tile's far key tiles [tile_lo, far_end): every (query, key) pair allowed and at least
+    R - 1 apart, as the `tl` kernel's far loop bounds them (kernels.bank_attention_kernel); none where a
+    window's lower edge falls inside the first tile."""
+    tile_hi = gl.cdiv(last_pos + 1, BLOCK_N)
+    far_end = gl.minimum(gl.maximum((first_pos - R + 2) // BLOCK_N, tile_lo), tile_hi)
+    if tile_lo * BLOCK_N < gl.maximum(last_pos - window + 1, 0):
+        far_end = tile_lo
+    return far_end
+
+
+@gluon.jit
+def _load_q(
+    q_ptr, q_start, q_tile, q_len, head, stride_qt, stride_qh, D: gl.constexpr, BLOCK_Q: gl.constexpr,
+    load_layout: gl.constexpr, s_layout: gl.constexpr, smem_layout: gl.constexpr, Q_IN_REGISTERS: gl.constexpr,
+):  # fmt: skip
+    """The query tile of one head as wgmma's first operand: in shared memory, or with Q_IN_REGISTERS in
+    registers (rows past the sequence's queries zero)."""
+    rows = gl.arange(0, BLOCK_Q, layout=gl.SliceLayout(1, load_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
+    tok = (q_start + q_tile * BLOCK_Q + rows).to(gl.int64)
+    ok = q_tile * BLOCK_Q + rows < q_len
+    q = gl.load(
+        q_ptr + (tok * stride_qt + head * stride_qh)[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0
+    )
+    if Q_IN_REGISTERS:
+        return gl.convert_layout(q, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+    else:
+        return gl.allocate_shared_memory(q_ptr.dtype.element_ty, [BLOCK_Q, D], smem_layout, q)
+
+
+@gluon.jit
 def far_attention_kernel(
     q_ptr,  # [T, Hq, D]
     k_cache_ptr,  # [NB, PAGE, Hkv, D]
@@ -119,13 +151,9 @@ def far_attention_kernel(
         seq_len = gl.load(seq_lens_ptr + seq)
         first_pos = seq_len - q_len + q_tile * BLOCK_Q
         last_pos = seq_len - q_len + gl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
-        # The far tiles, as the `tl` kernel's far loop bounds them (kernels.bank_attention_kernel).
         lo = gl.maximum(first_pos - window + 1, 0)
         tile_lo = lo // BLOCK_N
-        tile_hi = gl.cdiv(last_pos + 1, BLOCK_N)
-        far_end = gl.minimum(gl.maximum((first_pos - R + 2) // BLOCK_N, tile_lo), tile_hi)
-        if tile_lo * BLOCK_N < gl.maximum(last_pos - window + 1, 0):
-            far_end = tile_lo
+        far_end = _far_end(first_pos, last_pos, tile_lo, R, window, BLOCK_N)
 
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16]
@@ -140,19 +168,10 @@ def far_attention_kernel(
         dtype: gl.constexpr = q_ptr.dtype.element_ty
 
         # Q: loaded once, kept in shared memory for every S = Q K^T.
-        rows_l = gl.arange(0, BLOCK_Q, layout=gl.SliceLayout(1, load_layout))
-        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
-        tok_l = (q_start + q_tile * BLOCK_Q + rows_l).to(gl.int64)
-        ok_l = q_tile * BLOCK_Q + rows_l < q_len
-        q = gl.load(
-            q_ptr + (tok_l * stride_qt + head * stride_qh)[:, None] + offs_d[None, :],
-            mask=ok_l[:, None],
-            other=0.0,
-        )
-        if Q_IN_REGISTERS:
-            q_op = gl.convert_layout(q, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-        else:
-            q_op = gl.allocate_shared_memory(dtype, [BLOCK_Q, D], smem_layout, q)
+        q_op = _load_q(
+            q_ptr, q_start, q_tile, q_len, head, stride_qt, stride_qh, D, BLOCK_Q, load_layout, s_layout, smem_layout,
+            Q_IN_REGISTERS,
+        )  # fmt: skip
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], smem_layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], smem_layout)
 
@@ -275,10 +294,8 @@ def near_attention_kernel(
         tile_lo = lo // BLOCK_N
         tile_hi = gl.cdiv(hi, BLOCK_N)
         start = tile_lo
-        if JOIN:  # past the far launch's tiles (the same bounds as far_attention_kernel's)
-            start = gl.minimum(gl.maximum((first_pos - R + 2) // BLOCK_N, tile_lo), tile_hi)
-            if tile_lo * BLOCK_N < gl.maximum(last_pos - window + 1, 0):
-                start = tile_lo
+        if JOIN:  # past the far launch's tiles
+            start = _far_end(first_pos, last_pos, tile_lo, R, window, BLOCK_N)
 
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16]
@@ -305,19 +322,10 @@ def near_attention_kernel(
         view_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-        rows_l = gl.arange(0, BLOCK_Q, layout=gl.SliceLayout(1, load_layout))
-        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
-        tok_l = (q_start + q_tile * BLOCK_Q + rows_l).to(gl.int64)
-        ok_l = q_tile * BLOCK_Q + rows_l < q_len
-        q = gl.load(
-            q_ptr + (tok_l * stride_qt + head * stride_qh)[:, None] + offs_d[None, :],
-            mask=ok_l[:, None],
-            other=0.0,
-        )
-        if Q_IN_REGISTERS:
-            q_op = gl.convert_layout(q, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-        else:
-            q_op = gl.allocate_shared_memory(dtype, [BLOCK_Q, D], smem_layout, q)
+        q_op = _load_q(
+            q_ptr, q_start, q_tile, q_len, head, stride_qt, stride_qh, D, BLOCK_Q, load_layout, s_layout, smem_layout,
+            Q_IN_REGISTERS,
+        )  # fmt: skip
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], smem_layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], smem_layout)
         band_smem = gl.allocate_shared_memory(dtype, [STAGES, W, DR], band_smem_layout)
