@@ -90,9 +90,9 @@ def successor(
     if scheduler.waiting or scheduler.isolating():
         return None
     stepped = {id(s.seq) for s in live}
-    sat_out = [seq for seq in scheduler.running if id(seq) not in stepped]
-    if len(stepped) + len(sat_out) != len(scheduler.running):  # a sequence in `step` no longer runs
+    if not stepped <= {id(seq) for seq in scheduler.running}:  # a sequence in `step` no longer runs
         return None
+    sat_out = [seq for seq in scheduler.running if id(seq) not in stepped]
     if sat_out and not (all(seq.is_prefill for seq in sat_out) and scheduler.holds_prefill(ahead=1)):
         return None
     batch, rows = [], []

@@ -72,6 +72,11 @@ class PrefillPacer:
         """Whether a prefill chunk may join this step's decoding sequences."""
         return self.balance >= 0
 
+    def holds_after(self, ahead: int) -> bool:
+        """Whether prefill is still held back after `ahead` more decode-only steps, each taken at the
+        decode-only mean (as `record` would count them)."""
+        return self.balance + ahead * (self.slowdown - 1) * (self.decode_s or 0.0) < 0
+
     def record(self, seconds: float, decoding: bool, prefilling: bool) -> None:
         """One completed step's seconds; whether it had decoding sequences and prefill chunks."""
         if not decoding:
@@ -189,13 +194,9 @@ class Scheduler:
         return out
 
     def holds_prefill(self, ahead: int) -> bool:
-        """Whether the pacer will still hold prefill chunks back after `ahead` more decode-only steps are
-        recorded, each taken at the decode-only steps' mean (an overlapped successor is launched before the
-        step in flight has its time)."""
-        p = self.pacer
-        if p is None:
-            return False
-        return p.balance + ahead * (p.slowdown - 1) * (p.decode_s or 0.0) < 0
+        """Whether the pacer will still hold prefill chunks back after `ahead` more decode-only steps (an
+        overlapped successor is launched before the step in flight has its time)."""
+        return self.pacer is not None and self.pacer.holds_after(ahead)
 
     def record_step(self, batch: list[ScheduledSeq], seconds: float) -> None:
         """A completed step of `batch` took `seconds` (what its decoding sequences waited): the pacer's

@@ -261,10 +261,9 @@ class RoundCosts:
     kind. At a bucket the two ends are measured first, the most drafts asked for (unless more were measured)
     and none; a number in between is priced by interpolating between its measured neighbours and tried only
     when that estimate makes it the best (depths that accept nothing then cost two exploring rounds, not
-    six). Every `revisit`
-    measured rounds of a bucket the number measured least recently is tried again, so costs that move
-    (longer contexts, other traffic) are seen and the sequences' acceptance EMAs keep being fed while
-    drafting is off."""
+    six). Every `revisit` measured rounds of a bucket the number measured least recently is tried again, so
+    costs that move (longer contexts, other traffic) are seen and the sequences' acceptance EMAs keep being
+    fed while drafting is off."""
 
     alpha: float = 0.25
     revisit: int = 256
