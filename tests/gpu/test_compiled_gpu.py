@@ -11,19 +11,11 @@ import pytest
 import torch
 
 from builder import build
-from inkling.published.config import preset
-from inkling.published.reference import reference_model
-from inkling.published.synth import write_checkpoint
-from runtime import LLM, PromptInput, SamplingParams
+from runtime import LLM
 
-from .test_published_gpu import NEW, config, greedy, prompts
+from .test_published_gpu import config, engine_and_transformers, equal_tokens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.mktemp("pub") / "tiny", preset("inkling-tiny"), seed=11)
 
 
 def test_compiled_cuda_engine_equals_transformers(ckpt):
@@ -32,16 +24,6 @@ def test_compiled_cuda_engine_equals_transformers(ckpt):
     transformers' greedy tokens, and its compiler artifacts travel with the engine."""
     engine = build(ckpt, dataclasses.replace(config("float32"), compile=True), echo=False)
     assert engine.config["build_config"]["compile"] and engine.compile_cache
-    llm = LLM(engine)
-    ref = reference_model(ckpt).cuda()
-    ps = prompts()
-    got = [
-        o.token_ids
-        for o in llm.generate([PromptInput(p) for p in ps], SamplingParams(max_tokens=NEW, ignore_eos=True))
-    ]
-    want = [greedy(ref, p.tolist(), NEW) for p in ps]
-    same = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w))
-    print(
-        f"\ncompiled float32 CUDA engine vs transformers on CUDA: {same}/{NEW * len(ps)} greedy tokens equal"
-    )
+    got, want = engine_and_transformers(LLM(engine), ckpt)
+    print(f"\ncompiled float32 CUDA engine vs transformers on CUDA: {equal_tokens(got, want)}")
     assert got == want

@@ -32,11 +32,6 @@ def config(dtype: str) -> BuildConfig:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.mktemp("pub") / "tiny", preset("inkling-tiny"), seed=11)
-
-
 def prompts() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return [torch.randint(0, 960, (n,), generator=g) for n in (1, 90, 37)]
@@ -50,20 +45,29 @@ def greedy(model, ids: list[int], n: int) -> list[int]:
     return out[len(ids) :]
 
 
-def test_float32_cuda_engine_equals_transformers(ckpt):
-    engine = build(ckpt, config("float32"), echo=False)
-    assert set(engine.config["plugin_config"]["impls"].values()) == {"triton"}
-    llm = LLM(engine)
-    assert llm.engine.runner.step_graphs is not None  # decode steps replay CUDA graphs
+def engine_and_transformers(llm: LLM, ckpt) -> tuple[list[list[int]], list[list[int]]]:
+    """NEW greedy tokens of each of prompts() from the engine, and from transformers on the checkpoint."""
     ref = reference_model(ckpt).cuda()
     ps = prompts()
     got = [
         o.token_ids
         for o in llm.generate([PromptInput(p) for p in ps], SamplingParams(max_tokens=NEW, ignore_eos=True))
     ]
-    want = [greedy(ref, p.tolist(), NEW) for p in ps]
+    return got, [greedy(ref, p.tolist(), NEW) for p in ps]
+
+
+def equal_tokens(got: list[list[int]], want: list[list[int]]) -> str:
     same = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w))
-    print(f"\nfloat32 CUDA engine vs transformers on CUDA: {same}/{NEW * len(ps)} greedy tokens equal")
+    return f"{same}/{sum(map(len, want))} greedy tokens equal"
+
+
+def test_float32_cuda_engine_equals_transformers(ckpt):
+    engine = build(ckpt, config("float32"), echo=False)
+    assert set(engine.config["plugin_config"]["impls"].values()) == {"triton"}
+    llm = LLM(engine)
+    assert llm.engine.runner.step_graphs is not None  # decode steps replay CUDA graphs
+    got, want = engine_and_transformers(llm, ckpt)
+    print(f"\nfloat32 CUDA engine vs transformers on CUDA: {equal_tokens(got, want)}")
     assert got == want
 
 
@@ -91,13 +95,7 @@ def test_nvfp4_cuda_engine_equals_transformers_on_dequantized_experts(tmp_path):
     """A synthetic NVFP4 checkpoint (random codes: the GPU host has no ModelOpt for the converter)."""
     write_checkpoint(tmp_path / "fp4", preset("inkling-tiny", nvfp4=True), seed=11)
     llm = LLM(build(tmp_path / "fp4", config("float32"), echo=False))
-    ref = reference_model(tmp_path / "fp4").cuda()
-    ps = prompts()
-    got = [
-        o.token_ids
-        for o in llm.generate([PromptInput(p) for p in ps], SamplingParams(max_tokens=NEW, ignore_eos=True))
-    ]
-    want = [greedy(ref, p.tolist(), NEW) for p in ps]
+    got, want = engine_and_transformers(llm, tmp_path / "fp4")
     print(f"\nNVFP4 float32 CUDA engine vs transformers on the dequantized experts: {got == want}")
     assert got == want
 
