@@ -35,6 +35,7 @@ tests/e2e/test_bench_smoke.py does so in CI). Neither is a launcher default unti
 
 from __future__ import annotations
 
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
@@ -45,6 +46,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@triton.constexpr_function
+def _mma_layout(n, num_warps):
+    """wgmma's accumulator layout for [rows, n]: 16 rows a warp, the warps stacked along the rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
+@triton.constexpr_function
+def _rows_layout(width, num_warps):
+    """Loads of rows `width` elements wide (16 bits each) in 16-byte vectors: a row of 128 is 16 of them."""
+    return gl.BlockedLayout([1, 8], [32 // (width // 8), width // 8], [num_warps, 1], [1, 0])
 
 
 @gluon.jit
@@ -155,16 +168,11 @@ def far_attention_kernel(
         tile_lo = lo // BLOCK_N
         far_end = _far_end(first_pos, last_pos, tile_lo, R, window, BLOCK_N)
 
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16]
-        )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16]
-        )
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, NW)
+        o_layout: gl.constexpr = _mma_layout(D, NW)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        # 16-byte vectors along D: a row of 128 bf16 is 16 of them
-        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+        load_layout: gl.constexpr = _rows_layout(D, NW)
         dtype: gl.constexpr = q_ptr.dtype.element_ty
 
         # Q: loaded once, kept in shared memory for every S = Q K^T.
@@ -297,22 +305,16 @@ def near_attention_kernel(
         if JOIN:  # past the far launch's tiles
             start = _far_end(first_pos, last_pos, tile_lo, R, window, BLOCK_N)
 
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16]
-        )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16]
-        )
-        f_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, W, 16]
-        )
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, NW)
+        o_layout: gl.constexpr = _mma_layout(D, NW)
+        f_layout: gl.constexpr = _mma_layout(W, NW)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         band_smem_layout: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=DR * 2, element_bitwidth=16, rank=2
         )
-        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
-        band_load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (DR // 8), DR // 8], [NW, 1], [1, 0])
+        load_layout: gl.constexpr = _rows_layout(D, NW)
+        band_load_layout: gl.constexpr = _rows_layout(DR, NW)
         # F's store into the padded layout: one element a thread, consecutive columns across a warp (no bank
         # conflicts; a vector store would meet rows that start off 16-byte boundaries, pitch W + 1). The
         # sheared view's load: vectors of 4 (its rows start on 16 bytes), 16 threads a row.
