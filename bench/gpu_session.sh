@@ -13,6 +13,8 @@
 #                                             #   tiles and a minimal flash kernel timed (bench.bank_attention --variants)
 #     bash bench/gpu_session.sh attention-check  # 1 GPU: the attention kernel's GPU tests, the CUDA engine against
 #                                             #   transformers, the launcher's prefill tiles timed (carry [".whl"])
+#     bash bench/gpu_session.sh checks        # 1 GPU: the attention kernels' GPU tests (Gluon's too), the CUDA engine
+#                                             #   against transformers, eager and --compile (carry [".whl"])
 #     bash bench/gpu_session.sh gluon         # 1 GPU: the Gluon attention launches' GPU tests, then every
 #                                             #   Gluon variant timed beside the launcher's and SDPA
 #     bash bench/gpu_session.sh moe           # 1 GPU: the MoE launcher's GPU tests, then bench/moe.py on the real
@@ -234,6 +236,16 @@ attention-check)
     run published_gpu 240 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
     run variants 150 python3 -m bench.bank_attention --variants --launcher-only --out "$OUT/attn"
     pack attention-check
+    ;;
+checks)
+    # Every correctness check of the attention and the engine in one call: the attention kernels' GPU tests
+    # (the Gluon launches' among them), the CUDA engine against transformers (eager, then --compile); carry
+    # [".whl"]
+    with_transformers
+    run bank_attention_gpu 170 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
+    run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run compiled_gpu 190 "${PYTEST[@]}" -m gpu tests/gpu/test_compiled_gpu.py
+    pack checks
     ;;
 gluon)
     # The Gluon attention launches (plugins/attention/gluon_attention.py): their GPU tests against the `tl`

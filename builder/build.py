@@ -53,12 +53,31 @@ OPS = ("sconv", "kv_cache_write", "bank_attention", "sigmoid_sink_moe")
 def resolve_impls(bc: BuildConfig) -> dict[str, str]:
     """Each op's impl from its plugin family's setting (Triton on a CUDA engine by default)."""
     resolved = bc.plugin_config.resolve(bc.device)
+    if resolved["attention"] == "gluon":
+        _check_gluon_device()
     return {
         "sconv": resolved["sconv"],
-        "kv_cache_write": resolved["attention"],
+        "kv_cache_write": "triton" if resolved["attention"] == "gluon" else resolved["attention"],
         "bank_attention": resolved["attention"],
         "sigmoid_sink_moe": resolved["moe"],
     }
+
+
+def _check_gluon_device() -> None:
+    """--attention_plugin gluon builds on a Hopper GPU whose Triton has Gluon's Hopper ops."""
+    if not torch.cuda.is_available():
+        raise BuildError(
+            "plugin_config.attention=gluon needs a Hopper GPU (sm_90); this machine has no CUDA GPU"
+        )
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        raise BuildError(
+            f"plugin_config.attention=gluon needs a Hopper GPU (sm_90); this one is sm_{major}{minor}"
+        )
+    try:
+        from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
+    except ImportError as e:
+        raise BuildError(f"plugin_config.attention=gluon needs Triton with Gluon (3.6 or later): {e}") from e
 
 
 def tune_moe(config: InklingConfig, bc: BuildConfig, weights: dict[str, torch.Tensor], log) -> dict | None:

@@ -36,6 +36,9 @@ def _require(cond: bool, msg: str) -> None:
 class PluginConfig:
     """Which implementation each plugin op uses: "auto" picks triton on CUDA and reference elsewhere."""
 
+    # "gluon": bank_attention's one-head prefill launches on Hopper's wgmma (plugins/attention/
+    # gluon_attention.py), the `tl` kernel for the rest (decode, verify, shapes Gluon does not take); a
+    # CUDA engine built on sm_90. Opt-in: "auto" stays "triton" until a GPU has checked and timed it.
     attention: str = "auto"
     sconv: str = "auto"
     moe: str = "auto"
@@ -50,9 +53,8 @@ class PluginConfig:
     def __post_init__(self) -> None:
         for name in PLUGINS:
             value = getattr(self, name)
-            _require(
-                value in ("auto", "reference", "triton"), f"plugin_config.{name}: unknown impl {value!r}"
-            )
+            known = ("auto", "reference", "triton") + (("gluon",) if name == "attention" else ())
+            _require(value in known, f"plugin_config.{name}: unknown impl {value!r}; expected one of {known}")
         _require(self.tune_max_tokens >= 1, "plugin_config.tune_max_tokens must be at least 1")
         _require(
             self.collectives in ("auto", "reference", "triton"),
@@ -68,7 +70,7 @@ class PluginConfig:
                 value = "triton" if device == "cuda" else "reference"
             _require(
                 value == "reference" or device == "cuda",
-                f"plugin_config.{name}=triton needs a CUDA engine (device is {device})",
+                f"plugin_config.{name}={value} needs a CUDA engine (device is {device})",
             )
             out[name] = value
         return out

@@ -60,8 +60,10 @@ def fed_tokens(seq: Sequence, drafts: list[int], start: int, n: int) -> list[int
     return seq.token_range(min(start, K), K) + drafts[max(0, start - K) : start + n - K]
 
 
-# The ops a graph may hold once they run their Triton kernels (no host sync)
+# The ops a graph may hold once they run their Triton kernels (no host sync): impl "triton", or bank_attention's
+# "gluon" (the same launcher, some launches in Gluon)
 GRAPH_OPS = ("bank_attention", "sconv", "sigmoid_sink_moe")
+GRAPH_IMPLS = ("triton", "gluon")
 
 
 def default_cuda_graphs(device: torch.device, impls: dict, tp_size: int) -> bool:
@@ -70,7 +72,9 @@ def default_cuda_graphs(device: torch.device, impls: dict, tp_size: int) -> bool
     outputs equal to eager, tests/gpu/test_engine_gpu.py). Tensor-parallel ranks opt in (LLM(cuda_graphs=True))
     until that path has run on GPUs."""
     ops = [op for op in GRAPH_OPS if op in impls]
-    return device.type == "cuda" and tp_size == 1 and bool(ops) and all(impls[op] == "triton" for op in ops)
+    return (
+        device.type == "cuda" and tp_size == 1 and bool(ops) and all(impls[op] in GRAPH_IMPLS for op in ops)
+    )
 
 
 # Of a GPU's memory, what the KV-cache sizing leaves to a step's activations (a prefill chunk of
@@ -238,7 +242,7 @@ class ModelRunner:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs needs a CUDA engine, this one runs on {self.device}")
             # the references sync (.tolist())
-            if any(impls[op] != "triton" for op in GRAPH_OPS if op in impls):
+            if any(impls[op] not in GRAPH_IMPLS for op in GRAPH_OPS if op in impls):
                 raise ValueError(f"cuda_graphs needs the Triton plugins, the engine has {impls}")
         bc = self.build
         q = 1 + self.step_drafts  # tokens a sequence feeds: 1 + its drafts

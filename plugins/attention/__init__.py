@@ -2,7 +2,8 @@
 and log scaling (INKLING_SPEC §3.4) over the paged KV cache, and `kv_cache_write`, which fills that cache
 (docs/interfaces.md).
 
-Ops (namespace `inkling`; last argument `impl`: "reference" | "triton"):
+Ops (namespace `inkling`; last argument `impl`: "reference" | "triton", and for bank_attention "gluon": the
+`tl` kernel with its one-head prefill launches on Hopper's wgmma, gluon_attention.py, where they fit):
 - kv_cache_write(k [T, Hkv, D], v, key_cache [NB, BS, Hkv, D] (mutated), value_cache (mutated),
   slot_mapping int64 [T] (-1 = skip), impl) -> ()
 - bank_attention(q [T, Hq, D], r [T, Hq, d_rel], bank [d_rel, X], key_cache, value_cache,
@@ -62,6 +63,7 @@ BANK_SPEC = register(
     PluginSpec(
         name="bank_attention",
         version=2,  # 2: the Triton kernel
+        impls=("reference", "triton", "gluon"),
         doc="the real Inkling's paged GQA attention: q/k normed, 1/D, the layer's shared relative bank "
         "(zero beyond its extent), log scaling; prefill, verify, split-KV decode",
     )
@@ -88,13 +90,13 @@ def bank_attention(
     """bank_attention(q [T, Hq, D], r [T, Hq, d_rel], bank [d_rel, X], key_cache, value_cache, block_table,
     cu_seqlens_q, seq_lens, max_seqlen_q, window (0: full), scale, log_floor (0: none), log_alpha, impl)."""
     check_impl(BANK_SPEC.name, impl)
-    if impl == "triton":
+    if impl in ("triton", "gluon"):
         _require_triton(BANK_SPEC.name, q)
         from . import launcher
 
         return launcher.bank_attention(
             q, r, bank, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window,
-            scale, log_floor, log_alpha,
+            scale, log_floor, log_alpha, gluon=impl == "gluon",
         )  # fmt: skip
     return reference.bank_attention(
         q, r, bank, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window, scale,

@@ -135,9 +135,12 @@ def choose_config(
     num_sms: int,
     float32: bool = False,
     window: int = 0,
+    gluon: bool = False,
 ) -> AttentionConfig:
     """Tiles and splits from shapes only: (batch, heads, max_seqlen_q, max KV length bucket), and the
-    layer's kind (window > 0: a sliding layer).
+    layer's kind (window > 0: a sliding layer). gluon: the one-head prefill launches on Hopper's wgmma
+    (gluon_attention.py; the op's impl "gluon"): the far launch, and the rest where it runs unsplit; decode
+    and verify keep the `tl` kernel.
 
     max_kv_len is a bound known on the host (block-table capacity, or window + max_seqlen_q for
     sliding layers); each split then takes its share of the tiles of the device-side seq_len.
@@ -227,6 +230,10 @@ def choose_config(
     if programs < target:
         num_splits = min(triton.cdiv(target, programs), triton.cdiv(kv_tiles, min_tiles), MAX_SPLITS)
         num_splits = max(num_splits, 1)
+    far_impl = near_impl = "triton"
+    if gluon and heads == 1 and not float32 and block_q == 16 * num_warps:
+        far_impl = "gluon" if far_launch and shear == "chunk" else "triton"  # see far_launches
+        near_impl = "gluon" if num_splits == 1 and block_n == block_q else "triton"
     return AttentionConfig(
         heads=heads,
         block_q=block_q,
@@ -238,6 +245,8 @@ def choose_config(
         rel_dot=rel_dot,
         rel_gemv=rel_gemv,
         far_launch=far_launch,
+        far_impl=far_impl,
+        near_impl=near_impl,
     )
 
 
@@ -355,9 +364,11 @@ def bank_attention(
     log_floor: int,  # 0: no log scaling
     log_alpha: float,
     config: AttentionConfig | None = None,
+    gluon: bool = False,
 ) -> torch.Tensor:
     """The real Inkling's attention (INKLING_SPEC §3.4): one relative table for every head (stride 0 between
-    heads), zero from distance X on, the log scaling of full layers."""
+    heads), zero from distance X on, the log scaling of full layers. Without a config the tiles come from
+    choose_config (gluon: its Hopper prefill launches)."""
     _check(bank.dim() == 2 and bank.shape[0] == r.shape[-1], f"bank {tuple(bank.shape)} must be [d_rel, X]")
     d_rel = r.shape[-1]
     if d_rel < MIN_DR:  # the tensor cores' smallest reduction: zero columns add nothing (toy widths only)
@@ -367,13 +378,13 @@ def bank_attention(
     table = bank_table(bank.to(q.dtype))
     return _attention(
         q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window, scale,
-        float(log_floor), log_alpha, config,
+        float(log_floor), log_alpha, config, gluon,
     )  # fmt: skip
 
 
 def _attention(
     q, r, table: torch.Tensor, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, window,
-    scale, log_floor: float, log_alpha: float, config: AttentionConfig | None,
+    scale, log_floor: float, log_alpha: float, config: AttentionConfig | None, gluon: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     T, Hq, D = q.shape
     BS, Hkv = key_cache.shape[1], key_cache.shape[2]
@@ -385,6 +396,7 @@ def _attention(
     if T == 0 or B == 0:
         return out
     if config is None:
+        gluon = gluon and gluon_fits(q, table.shape[1])
         max_kv = block_table.shape[1] * BS
         if window > 0:
             max_kv = min(max_kv, window + max_seqlen_q - 1)
@@ -397,6 +409,7 @@ def _attention(
             _num_sms(q.device),
             float32=q.dtype == torch.float32,
             window=window,
+            gluon=gluon,
         )
     group = Hq // Hkv
     _check(config.heads in (1, group), f"config.heads must be 1 or the GQA group {group}")
@@ -501,6 +514,21 @@ def gluon_near_launch(
         Q_IN_REGISTERS=config.far_q_in_registers, BAND_BF16=config.table_dtype == "bfloat16",
         num_warps=config.num_warps,
     )  # fmt: skip
+
+
+def gluon_fits(q: torch.Tensor, d_rel: int) -> bool:
+    """Whether the Gluon launches take these queries (after the table's padding to d_rel columns): a Hopper
+    GPU, bf16 or fp16, a head dimension of 16, 32, 64, 128 or 256, d_rel 16 or 32."""
+    D = q.shape[-1]
+    return (
+        q.is_cuda
+        and torch.cuda.get_device_capability(q.device)[0] == 9
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and D % 16 == 0
+        and D <= 256
+        and 32 % (D // 8) == 0
+        and d_rel in (16, 32)
+    )
 
 
 def _check_gluon(q: torch.Tensor, what: str) -> None:

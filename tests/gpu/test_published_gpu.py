@@ -24,11 +24,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 NEW = 12
 
 
-def config(dtype: str) -> BuildConfig:
+def config(dtype: str, attention: str = "auto") -> BuildConfig:
     # untuned MoE tiles: tuning the toy widths' NVFP4 layers would compile every candidate for nothing
     return BuildConfig(
         dtype=dtype, device="cuda", max_batch_size=4, max_input_len=128, max_seq_len=160, max_num_tokens=64,
-        plugin_config=PluginConfig(tune=False),
+        plugin_config=PluginConfig(attention=attention, tune=False),
     )  # fmt: skip
 
 
@@ -71,8 +71,15 @@ def test_float32_cuda_engine_equals_transformers(ckpt):
     assert got == want
 
 
-def test_bf16_cuda_engine_agrees_with_transformers_in_bf16(ckpt):
-    runner = EngineRunner(build(ckpt, config("bfloat16"), echo=False))
+@pytest.mark.parametrize("attention", ["triton", "gluon"])
+def test_bf16_cuda_engine_agrees_with_transformers_in_bf16(ckpt, attention):
+    """Also with `--attention_plugin gluon` on a Hopper GPU: the 90-token prompt's 32-token chunks reach past
+    the extent, so both Gluon launches (the far tiles, the rest joined to them) and the sliding layers' run."""
+    if attention == "gluon" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon launches run on sm_90")
+    engine = build(ckpt, config("bfloat16", attention), echo=False)
+    assert engine.config["plugin_config"]["impls"]["bank_attention"] == attention
+    runner = EngineRunner(engine)
     ref = reference_model(ckpt, torch.bfloat16).cuda()
     H = preset("inkling-tiny").hidden_size
     no_media = (torch.zeros(0, H, dtype=torch.bfloat16, device="cuda"), torch.zeros(0, dtype=torch.long))
@@ -86,8 +93,8 @@ def test_bf16_cuda_engine_agrees_with_transformers_in_bf16(ckpt):
             want = ref(input_ids=p[None].cuda()).logits[0].float()
         rel = float((got - want).norm() / want.norm())
         agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
-        print(f"\nbf16 CUDA engine vs transformers bf16, {len(p)} tokens: relative logit error {rel:.4f}, "
-              f"top-1 agreement {agree:.3f}")  # fmt: skip
+        print(f"\nbf16 CUDA engine ({attention} attention) vs transformers bf16, {len(p)} tokens: relative logit "
+              f"error {rel:.4f}, top-1 agreement {agree:.3f}")  # fmt: skip
         assert rel < 0.03 and agree > 0.9
 
 

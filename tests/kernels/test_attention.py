@@ -275,6 +275,42 @@ def test_choose_config_is_shape_only(monkeypatch):
         assert c.heads * c.block_q <= 32 and c.block_n <= 32, c
 
 
+def test_gluon_impl_takes_the_prefill_launches_it_fits(monkeypatch):
+    """bank_attention's impl "gluon" (choose_config(gluon=True)): the GPU's one-head prefill tiles put the far
+    launch and an unsplit rest on Gluon; decode, verify, float32 and a split rest keep the `tl` kernel; on
+    the CPU the op runs the `tl` kernel and gives what "triton" gives; a build asks for a Hopper GPU."""
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)  # the GPU's tiles
+    full = launcher.choose_config(1, 64, 8, 8192, 8192, num_sms=132, gluon=True)
+    assert (full.far_impl, full.near_impl) == ("gluon", "gluon") and full.far_launch
+    sliding = launcher.choose_config(1, 64, 16, 8192, 8192 + 511, num_sms=132, window=512, gluon=True)
+    assert (sliding.far_impl, sliding.near_impl) == ("triton", "gluon")
+    short = launcher.choose_config(1, 64, 8, 64, 131072, num_sms=132, gluon=True)  # 64 programs: split
+    assert short.num_splits > 1 and short.near_impl == "triton"
+    for other in (
+        launcher.choose_config(1, 64, 8, 1, 8192, num_sms=132, gluon=True),  # decode
+        launcher.choose_config(4, 64, 8, 4, 8192, num_sms=132, gluon=True),  # verify
+        launcher.choose_config(1, 64, 8, 4096, 4096, num_sms=132, float32=True, gluon=True),
+    ):
+        assert (other.far_impl, other.near_impl) == ("triton", "triton"), other
+    assert launcher.choose_config(1, 64, 8, 8192, 8192, num_sms=132).near_impl == "triton"  # opt-in
+    monkeypatch.undo()
+    assert not launcher.gluon_fits(torch.zeros(4, 2, 64, dtype=torch.bfloat16), 16)  # no GPU here
+    batch = make_batch(PREFILL[:2] + CHUNKED[:1], FULL)
+    gluon = torch.ops.inkling.bank_attention(*batch.args, "gluon")
+    assert torch.equal(gluon, torch.ops.inkling.bank_attention(*batch.args, "triton"))
+    from builder import BuildConfig, PluginConfig
+    from builder.build import resolve_impls
+    from builder.config import BuildError
+
+    with pytest.raises(BuildError, match="needs a CUDA engine"):
+        resolve_impls(BuildConfig(plugin_config=PluginConfig(attention="gluon")))
+    if not torch.cuda.is_available():
+        with pytest.raises(BuildError, match="Hopper GPU"):
+            resolve_impls(BuildConfig(device="cuda", plugin_config=PluginConfig(attention="gluon")))
+    with pytest.raises(BuildError, match="unknown impl 'gluon'"):
+        PluginConfig(moe="gluon")
+
+
 # --- kv_cache_write ------------------------------------------------------------------------------
 
 
