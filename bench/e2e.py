@@ -157,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         help="torch.compile the step program in the runtime (Inductor fuses the small ops; graphs still capture)",
     )
     ap.add_argument(
+        "--attention_plugin",
+        default="auto",
+        help="the engine's attention impl (builder --attention_plugin): gluon for the Hopper prefill launches",
+    )
+    ap.add_argument(
         "--overlap_off_batches",
         default="",
         help="batch sizes to decode again with overlapped steps off (LLMEngine.step), for comparison",
@@ -370,7 +375,9 @@ def measure_engine(args: argparse.Namespace, config, results: dict, save) -> Non
     bc = BuildConfig(
         max_batch_size=max(batches), max_input_len=args.prompt_len, max_seq_len=args.prompt_len + args.output_len,
         max_num_tokens=max(args.prompt_len, max(batches)), dtype="bfloat16", device=args.device,
-        plugin_config=PluginConfig(tune=args.device == "cuda", tune_max_tokens=args.tune_max_tokens),
+        plugin_config=PluginConfig(
+            attention=args.attention_plugin, tune=args.device == "cuda", tune_max_tokens=args.tune_max_tokens
+        ),
         max_draft_len=args.num_draft_tokens,
     )  # fmt: skip
     print(

@@ -187,7 +187,8 @@ bench-decode | bench-mtp | bench-peers)
     pack "$1"
     ;;
 long-context)
-    run long_context 585 python3 -m bench.long_context --out "$OUT/long_context"
+    # LONG_ARGS: more flags, e.g. "--attention_plugin gluon" (the Hopper prefill launches), "--phases contexts"
+    run long_context 585 python3 -m bench.long_context --out "$OUT/long_context" ${LONG_ARGS:-}
     pack long-context
     ;;
 long-needle)

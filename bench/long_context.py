@@ -193,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         default="contexts,neighbour,users",
         help="which phases, in this order (longest context last)",
     )
+    ap.add_argument(
+        "--attention_plugin",
+        default="auto",
+        help="the engine's attention impl (builder --attention_plugin): gluon for the Hopper prefill launches",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     argv = sys.argv[1:] if argv is None else argv
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     bc = BuildConfig(
         max_batch_size=max(args.users, 2), max_input_len=longest, max_seq_len=longest + args.output_len + 1,
         max_num_tokens=args.chunk, dtype="bfloat16" if cuda else "float32", device=args.device,
-        plugin_config=PluginConfig(tune=cuda, tune_max_tokens=64), max_draft_len=0,
+        plugin_config=PluginConfig(attention=args.attention_plugin, tune=cuda, tune_max_tokens=64), max_draft_len=0,
     )  # fmt: skip
     results: dict = {
         "command": " ".join(["python", "-m", "bench.long_context", *argv]),

@@ -99,6 +99,27 @@ def _far_end(first_pos, last_pos, tile_lo, R, window, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _program(cu_seqlens_q_ptr, num_q_heads, GROUP: gl.constexpr):
+    """The program's query tile (the longest, causal, tiles first, as the `tl` kernel), sequence, head and
+    KV head, and its sequence's first query row and query count."""
+    q_tile = gl.num_programs(0) - 1 - gl.program_id(0)
+    seq = gl.program_id(1) // num_q_heads
+    head = gl.program_id(1) % num_q_heads
+    q_start = gl.load(cu_seqlens_q_ptr + seq)
+    q_len = gl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    return q_tile, seq, head, head // GROUP, q_start, q_len
+
+
+@gluon.jit
+def _positions(seq_lens_ptr, seq, q_tile, q_len, window, BLOCK_Q: gl.constexpr):
+    """The tile's first and last query positions and the lowest key any of its queries may see."""
+    seq_len = gl.load(seq_lens_ptr + seq)
+    first_pos = seq_len - q_len + q_tile * BLOCK_Q
+    last_pos = seq_len - q_len + gl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
+    return first_pos, last_pos, gl.maximum(first_pos - window + 1, 0)
+
+
+@gluon.jit
 def _load_q(
     q_ptr, q_start, q_tile, q_len, head, stride_qt, stride_qh, D: gl.constexpr, BLOCK_Q: gl.constexpr,
     load_layout: gl.constexpr, s_layout: gl.constexpr, smem_layout: gl.constexpr, Q_IN_REGISTERS: gl.constexpr,
@@ -153,18 +174,10 @@ def far_attention_kernel(
     Q_IN_REGISTERS: gl.constexpr = False,  # Q as wgmma's register operand: 16 KB less shared memory a program
 ):
     NW: gl.constexpr = gl.num_warps()
-    # The program: one head of one query tile of one sequence, the longest (causal) tiles first, as PART 1.
-    q_tile = gl.num_programs(0) - 1 - gl.program_id(0)
-    seq = gl.program_id(1) // num_q_heads
-    head = gl.program_id(1) % num_q_heads
-    kv_head = head // GROUP
-    q_start = gl.load(cu_seqlens_q_ptr + seq)
-    q_len = gl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    # The program: one head of one query tile of one sequence, as PART 1.
+    q_tile, seq, head, kv_head, q_start, q_len = _program(cu_seqlens_q_ptr, num_q_heads, GROUP)
     if q_tile * BLOCK_Q < q_len:
-        seq_len = gl.load(seq_lens_ptr + seq)
-        first_pos = seq_len - q_len + q_tile * BLOCK_Q
-        last_pos = seq_len - q_len + gl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
-        lo = gl.maximum(first_pos - window + 1, 0)
+        first_pos, last_pos, lo = _positions(seq_lens_ptr, seq, q_tile, q_len, window, BLOCK_Q)
         tile_lo = lo // BLOCK_N
         far_end = _far_end(first_pos, last_pos, tile_lo, R, window, BLOCK_N)
 
@@ -287,17 +300,9 @@ def near_attention_kernel(
 ):
     NW: gl.constexpr = gl.num_warps()
     W: gl.constexpr = BLOCK_Q + BLOCK_N  # the band's columns (one more than the distances a tile spans)
-    q_tile = gl.num_programs(0) - 1 - gl.program_id(0)
-    seq = gl.program_id(1) // num_q_heads
-    head = gl.program_id(1) % num_q_heads
-    kv_head = head // GROUP
-    q_start = gl.load(cu_seqlens_q_ptr + seq)
-    q_len = gl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    q_tile, seq, head, kv_head, q_start, q_len = _program(cu_seqlens_q_ptr, num_q_heads, GROUP)
     if q_tile * BLOCK_Q < q_len:
-        seq_len = gl.load(seq_lens_ptr + seq)
-        first_pos = seq_len - q_len + q_tile * BLOCK_Q
-        last_pos = seq_len - q_len + gl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
-        lo = gl.maximum(first_pos - window + 1, 0)
+        first_pos, last_pos, lo = _positions(seq_lens_ptr, seq, q_tile, q_len, window, BLOCK_Q)
         hi = last_pos + 1
         tile_lo = lo // BLOCK_N
         tile_hi = gl.cdiv(hi, BLOCK_N)
