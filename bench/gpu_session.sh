@@ -14,7 +14,7 @@
 #     bash bench/gpu_session.sh attention-check  # 1 GPU: the attention kernel's GPU tests, the CUDA engine against
 #                                             #   transformers, the launcher's prefill tiles timed (carry [".whl"])
 #     bash bench/gpu_session.sh checks        # 1 GPU: the attention kernels' GPU tests (Gluon's too), the CUDA engine
-#                                             #   against transformers, eager and --compile (carry [".whl"])
+#                                             #   against transformers, the Gluon variants timed (carry [".whl"])
 #     bash bench/gpu_session.sh gluon         # 1 GPU: the Gluon attention launches' GPU tests, then every
 #                                             #   Gluon variant timed beside the launcher's and SDPA
 #     bash bench/gpu_session.sh moe           # 1 GPU: the MoE launcher's GPU tests, then bench/moe.py on the real
@@ -239,13 +239,13 @@ attention-check)
     pack attention-check
     ;;
 checks)
-    # Every correctness check of the attention and the engine in one call: the attention kernels' GPU tests
-    # (the Gluon launches' among them), the CUDA engine against transformers (eager, then --compile); carry
-    # [".whl"]
+    # After a change to the attention: its kernels' GPU tests (the Gluon launches' among them), the CUDA
+    # engine against transformers (with --attention_plugin gluon too), then the Gluon variants timed beside
+    # the launcher's tiles and SDPA in what time is left (rows are logged as they come); carry [".whl"]
     with_transformers
-    run bank_attention_gpu 170 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
+    run bank_attention_gpu 150 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
     run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
-    run compiled_gpu 190 "${PYTEST[@]}" -m gpu tests/gpu/test_compiled_gpu.py
+    run variants "${VARIANTS_LIMIT:-210}" python3 -m bench.bank_attention --variants --only gluon --out "$OUT/attn"
     pack checks
     ;;
 gluon)
