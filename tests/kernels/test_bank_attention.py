@@ -134,6 +134,7 @@ BATCHES = {"prefill": PREFILL, "chunked": CHUNKED, "verify": VERIFY, "decode": D
 def test_reference_op_matches_the_math(name, layer):
     """The reference op over the paged caches (freed blocks and NaN rows never read) equals the math."""
     batch = make_batch(BATCHES[name], layer)
+    assert batch.truth.abs().mean() > 0.1
     out = torch.ops.inkling.bank_attention(*batch.args, "reference")
     assert_close(out, batch.truth, 1e-5)
 
@@ -259,6 +260,93 @@ def test_gpu_long_prefill_real_shapes():
         batch = make_batch([(3000, 3000), (1500, 700)], layer, d=128, dtype=torch.bfloat16)
         out = torch.ops.inkling.bank_attention(*batch.args, "triton")
         assert_close(out, batch.truth, 3e-2)
+
+
+def long_batch(
+    seq_len: int, q_len: int, layer: Layer, block_size: int = 16, device: str = "cuda", dtype=torch.bfloat16
+) -> Batch:
+    """One sequence of seq_len keys and its last q_len queries, built on `device` in `dtype` at the real
+    head dimension 128 and d_rel 16: shuffled blocks, NaN in the rows it does not own, and on a sliding layer
+    the blocks behind every query's window freed (-1, their rows NaN). Queries are scaled so that the scores
+    spread (a standard deviation of about 4): over a million keys a near-uniform softmax would average v to
+    about zero, which a kernel returning zeros would match. The truth: the model's math in float32 on the
+    rounded inputs, a KV head and 64 queries at a time, holding O(keys) rather than O(keys x heads) (1M keys
+    of 64 query heads in float32 would be 32 GB a tensor)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    dt, d, d_rel, nan = dtype, 128, 16, float("nan")
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device=device) * scale).to(dt)
+
+    k, v = randn(seq_len, layer.hkv, d), randn(seq_len, layer.hkv, d)
+    q, r, bank = (
+        randn(q_len, layer.hq, d, scale=45.0),
+        randn(q_len, layer.hq, d_rel),
+        randn(d_rel, layer.extent, scale=0.5),
+    )
+    blocks = math.ceil(seq_len / block_size)
+    slots = torch.randperm(blocks, generator=g, device=device)  # the sequence's block n lives in slots[n]
+    tail = torch.full((blocks * block_size - seq_len, layer.hkv, d), nan, dtype=dt, device=device)
+    caches = []
+    for x in (k, v):
+        cache = torch.full((blocks + 1, block_size, layer.hkv, d), nan, dtype=dt, device=device)
+        cache[slots] = torch.cat([x, tail]).view(blocks, block_size, layer.hkv, d)
+        caches.append(cache)
+    table = torch.cat([slots, slots.new_full((1,), -1)]).to(torch.int32)[None]
+    lo = max(0, seq_len - q_len - layer.window + 1) if layer.window else 0  # the first key any query sees
+    behind = (torch.arange(blocks, device=device) + 1) * block_size <= lo
+    for cache in caches:
+        cache[slots[behind]] = nan
+    table[0, :blocks][behind] = -1
+    args = (
+        q, r, bank, *caches, table, torch.tensor([0, q_len], dtype=torch.int32, device=device),
+        torch.tensor([seq_len], dtype=torch.int32, device=device), q_len, layer.window, 1.0 / d, layer.log_floor, 0.1,
+    )  # fmt: skip
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
+    k_pos = torch.arange(lo, seq_len, device=device)
+    group = layer.hq // layer.hkv
+    truth = torch.empty(q_len, layer.hq, d, device=device)
+    for h in range(layer.hkv):
+        heads = slice(h * group, (h + 1) * group)
+        for c in range(0, q_len, 64):
+            rows = slice(c, min(c + 64, q_len))
+            truth[rows, heads] = bank_math(
+                q[rows, heads].float(), k[lo:, h : h + 1].float(), v[lo:, h : h + 1].float(), r[rows, heads].float(),
+                bank.float(), q_pos[rows], k_pos, layer.window or None, 1.0 / d, layer.log_floor or None, 0.1,
+            )  # fmt: skip
+    return Batch(args, truth)
+
+
+# The published log-scaling floor (128,000 tokens): passed at 1M keys (tau 1.21), barely at 128K.
+LONG_FULL = Layer(hq=64, hkv=8, extent=1024, window=0, log_floor=128000)
+LONG_SLIDING = Layer(hq=64, hkv=16, extent=512, window=512, log_floor=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("impl", ["triton", "gluon"])
+@pytest.mark.parametrize("layer", [LONG_FULL, LONG_SLIDING], ids=["full", "sliding"])
+@pytest.mark.parametrize("seq_len,q_len", [(1 << 20, 1), (131072, 512)], ids=["decode-at-1M", "512-at-128K"])
+def test_gpu_long_kv_real_shapes(seq_len, q_len, layer, impl):
+    """The real layers at length in bf16, with the launcher's tiles: decode against 1M keys (split-KV over 8,192 key
+    tiles) and a 512-query chunk ending at 128K keys (the far tiles' launch, the near tiles joined to it; with
+    impl "gluon" both on Hopper's wgmma), against the float32 math."""
+    if impl == "gluon" and (q_len == 1 or not gluon_ok()):
+        pytest.skip("the Gluon launches are prefill's, on sm_90")
+    batch = long_batch(seq_len, q_len, layer)
+    assert batch.truth.abs().mean() > 0.1  # a few keys weigh: zeros would fail
+    out = torch.ops.inkling.bank_attention(*batch.args, impl)
+    assert_close(out, batch.truth, 3e-2)
+
+
+@pytest.mark.parametrize("layer", [LONG_FULL, LONG_SLIDING], ids=["full", "sliding"])
+def test_long_batch_pages_and_truth(layer):
+    """long_batch's paging (shuffled, NaN tails, freed blocks behind the window) and its head-by-head,
+    chunked truth, on the CPU at a small length: the reference op over its caches gives its truth."""
+    batch = long_batch(1100, 70, layer, device="cpu", dtype=torch.float32)
+    assert (batch.args[5] == -1).sum() == (1 if layer.window == 0 else 1 + (1100 - 70 - 512 + 1) // 16)
+    out = torch.ops.inkling.bank_attention(*batch.args, "reference")
+    assert_close(out, batch.truth, 1e-5)
 
 
 def gluon_ok() -> bool:
