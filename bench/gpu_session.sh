@@ -243,9 +243,9 @@ checks)
     # engine against transformers (with --attention_plugin gluon too), then the Gluon variants timed beside
     # the launcher's tiles and SDPA in what time is left (rows are logged as they come); carry [".whl"]
     with_transformers
-    run bank_attention_gpu 150 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
+    run bank_attention_gpu 180 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
     run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
-    run variants "${VARIANTS_LIMIT:-210}" python3 -m bench.bank_attention --variants --only gluon --out "$OUT/attn"
+    run variants "${VARIANTS_LIMIT:-180}" python3 -m bench.bank_attention --variants --only gluon --out "$OUT/attn"
     pack checks
     ;;
 gluon)
