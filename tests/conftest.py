@@ -57,10 +57,10 @@ SLOW = {
     "tests/kernels/test_attention.py::test_split_kv[scratch-no-far-test]",
     "tests/kernels/test_attention.py::test_bfloat16_relative_table[chunk]",
     "tests/kernels/test_attention.py::test_probe_without_the_relative_term",
-    # benchmark scripts' smoke runs (14-39 s; the GPU sessions run the scripts themselves): the MTP, host
-    # and sm90 decode benches' smoke runs stay in CI
+    # benchmark scripts' smoke runs (14-39 s; the GPU sessions run the scripts themselves): the MTP, host,
+    # sm90 decode and tp benches' smoke runs stay in CI (bench.tp's needs GPUs that are seldom lent: its
+    # JSON once broke unseen here)
     "tests/e2e/test_bench_smoke.py::test_load_benchmark_smoke",
-    "tests/e2e/test_bench_smoke.py::test_tp_benchmark_smoke",
     "tests/e2e/test_bench_smoke.py::test_e2e_benchmark_parts_and_merge",
     "tests/e2e/test_bench_smoke.py::test_sm90_moe_report_smoke",
     # ONNX export with external weights (18 s); the export with weights as inputs, through the CLI, stays in CI
