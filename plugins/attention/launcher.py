@@ -396,7 +396,7 @@ def _attention(
     if T == 0 or B == 0:
         return out
     if config is None:
-        gluon = gluon and gluon_fits(q, table.shape[1])
+        gluon = gluon and gluon_misfit(q, table.shape[1]) is None
         max_kv = block_table.shape[1] * BS
         if window > 0:
             max_kv = min(max_kv, window + max_seqlen_q - 1)
@@ -500,8 +500,7 @@ def gluon_near_launch(
 
     T, Hq, D = q.shape
     DR = table.shape[1]
-    _check_gluon(q, "near_impl")
-    _check(DR % 16 == 0 and 32 % (DR // 8) == 0, f"near_impl 'gluon' takes d_rel 16 or 32 (padded), got {DR}")
+    _check_gluon(q, "near_impl", DR)
     grid = (triton.cdiv(max_seqlen_q, config.block_q), seq_lens.shape[0] * Hq)
     gluon_attention.near_attention_kernel[grid](
         q, r, table, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, out, o_part, lse_part,
@@ -516,29 +515,25 @@ def gluon_near_launch(
     )  # fmt: skip
 
 
-def gluon_fits(q: torch.Tensor, d_rel: int) -> bool:
-    """Whether the Gluon launches take these queries (after the table's padding to d_rel columns): a Hopper
-    GPU, bf16 or fp16, a head dimension of 16, 32, 64, 128 or 256, d_rel 16 or 32."""
+def gluon_misfit(q: torch.Tensor, d_rel: int | None = None) -> str | None:
+    """Why the Gluon launches cannot take these queries, or None where they can: a Hopper GPU, bf16 or fp16
+    (wgmma), a head dimension of 16, 32, 64, 128 or 256 (rows loaded in 16-byte vectors), and for the near
+    launch a relative table of 16 or 32 columns (after its padding)."""
     D = q.shape[-1]
-    return (
-        q.is_cuda
-        and torch.cuda.get_device_capability(q.device)[0] == 9
-        and q.dtype in (torch.bfloat16, torch.float16)
-        and D % 16 == 0
-        and D <= 256
-        and 32 % (D // 8) == 0
-        and d_rel in (16, 32)
-    )
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return "takes bf16 or fp16 (wgmma)"
+    if not (D % 16 == 0 and D <= 256 and 32 % (D // 8) == 0):
+        return f"takes a head dimension of 16, 32, 64, 128 or 256, got {D}"
+    if d_rel is not None and d_rel not in (16, 32):
+        return f"takes d_rel 16 or 32 (padded), got {d_rel}"
+    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
+        return "runs on sm_90"
+    return None
 
 
-def _check_gluon(q: torch.Tensor, what: str) -> None:
-    D = q.shape[-1]
-    _check(q.dtype in (torch.bfloat16, torch.float16), f"{what} 'gluon' takes bf16 or fp16 (wgmma)")
-    _check(
-        D % 16 == 0 and D <= 256 and 32 % (D // 8) == 0,
-        f"{what} 'gluon' takes D a multiple of 16 to 256, got {D}",
-    )
-    _check(q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9, f"{what} 'gluon' runs on sm_90")
+def _check_gluon(q: torch.Tensor, what: str, d_rel: int | None = None) -> None:
+    why = gluon_misfit(q, d_rel)
+    _check(why is None, f"{what} 'gluon' {why}")
 
 
 def far_launches(config: AttentionConfig, constexprs: dict, window: int, rows: int, max_kv: int) -> bool:

@@ -294,7 +294,9 @@ def test_gluon_impl_takes_the_prefill_launches_it_fits(monkeypatch):
         assert (other.far_impl, other.near_impl) == ("triton", "triton"), other
     assert launcher.choose_config(1, 64, 8, 8192, 8192, num_sms=132).near_impl == "triton"  # opt-in
     monkeypatch.undo()
-    assert not launcher.gluon_fits(torch.zeros(4, 2, 64, dtype=torch.bfloat16), 16)  # no GPU here
+    assert launcher.gluon_misfit(torch.zeros(4, 2, 64, dtype=torch.bfloat16), 16) == "runs on sm_90"  # no GPU
+    assert launcher.gluon_misfit(torch.zeros(4, 2, 64), 16) == "takes bf16 or fp16 (wgmma)"
+    assert "d_rel" in launcher.gluon_misfit(torch.zeros(4, 2, 64, dtype=torch.bfloat16), 64)
     batch = make_batch(PREFILL[:2] + CHUNKED[:1], FULL)
     gluon = torch.ops.inkling.bank_attention(*batch.args, "gluon")
     assert torch.equal(gluon, torch.ops.inkling.bank_attention(*batch.args, "triton"))
