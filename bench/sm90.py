@@ -150,10 +150,10 @@ def compile_sm90(kernel, pointers: dict, ints: dict, floats: tuple, constexprs: 
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_gluon(config: AttentionConfig):
+def compile_gluon(config: AttentionConfig, d: int = D):
     """A Gluon launch of `config` (plugins/attention/gluon_attention.py) compiled for sm_90 as the launcher
-    launches it on the real full layer: the near kernel where near_impl is "gluon" (joining a far launch
-    where far_launch is set), else the far kernel."""
+    launches it on the real full layer (or with heads of `d`: the tiny model's 16): the near kernel where
+    near_impl is "gluon" (joining a far launch where far_launch is set), else the far kernel."""
     from plugins.attention import gluon_attention
 
     near = config.near_impl == "gluon"
@@ -161,12 +161,12 @@ def compile_gluon(config: AttentionConfig):
     pointers = {name: POINTERS[name] for name in POINTERS if near or name not in ("r_ptr", "out_ptr")}
     pointers["table_ptr"] = POINTERS["e_ptr"]
     ints = {
-        "stride_qt": HQ * D, "stride_qh": D, "stride_rt": HQ * DR, "stride_rh": DR, "stride_tr": DR,
-        "stride_kb": PAGE * HKV * D, "stride_ks": HKV * D, "stride_kh": D, "stride_vb": PAGE * HKV * D,
-        "stride_vs": HKV * D, "stride_vh": D, "stride_bt": 4096, "stride_ot": HQ * D, "stride_oh": D,
+        "stride_qt": HQ * d, "stride_qh": d, "stride_rt": HQ * DR, "stride_rh": DR, "stride_tr": DR,
+        "stride_kb": PAGE * HKV * d, "stride_ks": HKV * d, "stride_kh": d, "stride_vb": PAGE * HKV * d,
+        "stride_vs": HKV * d, "stride_vh": d, "stride_bt": 4096, "stride_ot": HQ * d, "stride_oh": d,
         "num_q_heads": HQ, "R": R, "window": 1 << 30,
     }  # fmt: skip
-    constexprs = {"D": D, "GROUP": HQ // HKV, "BLOCK_Q": config.block_q, "BLOCK_N": config.block_n, "PAGE": PAGE,
+    constexprs = {"D": d, "GROUP": HQ // HKV, "BLOCK_Q": config.block_q, "BLOCK_N": config.block_n, "PAGE": PAGE,
                   "STAGES": max(2, config.num_stages), "LOG_SCALE": True,
                   "Q_IN_REGISTERS": config.far_q_in_registers}  # fmt: skip
     if near:
@@ -177,11 +177,14 @@ def compile_gluon(config: AttentionConfig):
     )  # fmt: skip
 
 
-def compile_attention(config: AttentionConfig, seq: int, kv: int | None = None):
+def compile_attention(config: AttentionConfig, seq: int, kv: int | None = None, d: int = D):
     """The attention kernel compiled for sm_90 as a prefill of `seq` tokens with `config` would launch it,
-    or (kv given) a decode of one query over `kv` keys; a Gluon config, its Gluon kernel (compile_gluon)."""
+    or (kv given) a decode of one query over `kv` keys; a Gluon config, its Gluon kernel (compile_gluon) with
+    heads of `d` (the `tl` kernel: the real layer's only)."""
     if "gluon" in (config.far_impl, config.near_impl):
-        return compile_gluon(config)
+        return compile_gluon(config, d)
+    if d != D:
+        raise ValueError(f"bench.sm90: only the Gluon launches take a head dimension other than {D}")
     constexprs = kernel_constexprs(
         config, 1 if kv else seq, HQ // HKV, D, DR, PAGE, torch.bfloat16, log_scale=True
     )
@@ -219,8 +222,8 @@ def ptxas_report(ptx: str) -> dict[str, int]:
 SM_REGISTERS, SM_SHARED = 65536, 228 * 1024  # per SM, H100 and H200
 
 
-def report(config: AttentionConfig, seq: int, kv: int | None = None) -> dict:
-    compiled = compile_attention(config, seq, kv)
+def report(config: AttentionConfig, seq: int, kv: int | None = None, d: int = D) -> dict:
+    compiled = compile_attention(config, seq, kv, d)
     ptx = compiled.asm["ptx"]
     row = {"variant": short(config), "config": repr(config), "shared_bytes": compiled.metadata.shared}
     row.update(ptxas_report(ptx))
@@ -276,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=8192, help="prefill length the launches are shaped for")
     ap.add_argument("--only", default="", help="compile the variants whose repr contains this")
     ap.add_argument("--decode", type=int, default=0, help="a batch-1 decode over this many keys instead")
+    ap.add_argument(
+        "--head_dim", type=int, default=D, help="the Gluon launches' head dimension (with --only gluon)"
+    )
     args = ap.parse_args(argv)
     if not isinstance(kernels.bank_attention_kernel, triton.runtime.jit.JITFunction):
         # TRITON_INTERPRET=1 (the tests) made this process's kernels, triton.language's too, interpreted
@@ -288,10 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     kv = args.decode or None
     for config in decode_variants(kv) if kv else variants(args.seq):
         if args.only in repr(config):
-            rows.append(report(config, args.seq, kv))
+            rows.append(report(config, args.seq, kv, args.head_dim))
             print(json.dumps(rows[-1]), flush=True)
     with open(os.path.join(args.out, "sm90.json"), "w") as f:
-        json.dump({"seq": args.seq, "decode_kv": kv, "rows": rows}, f, indent=1)
+        json.dump({"seq": args.seq, "decode_kv": kv, "head_dim": args.head_dim, "rows": rows}, f, indent=1)
     what = (
         f"a batch-1 decode over {kv} keys (`--decode {kv}`)" if kv else f"prefill tiles (`--seq {args.seq}`)"
     )

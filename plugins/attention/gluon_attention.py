@@ -184,9 +184,9 @@ def far_attention_kernel(
         s_layout: gl.constexpr = _mma_layout(BLOCK_N, NW)
         o_layout: gl.constexpr = _mma_layout(D, NW)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        load_layout: gl.constexpr = _rows_layout(D, NW)
         dtype: gl.constexpr = q_ptr.dtype.element_ty
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)  # rows of D
+        load_layout: gl.constexpr = _rows_layout(D, NW)
 
         # Q: loaded once, kept in shared memory for every S = Q K^T.
         q_op = _load_q(
@@ -314,10 +314,10 @@ def near_attention_kernel(
         o_layout: gl.constexpr = _mma_layout(D, NW)
         f_layout: gl.constexpr = _mma_layout(W, NW)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        band_smem_layout: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=DR * 2, element_bitwidth=16, rank=2
-        )
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        # the widest swizzle a row allows: 128 bytes for D >= 64, 2 D bytes below (the band: 2 DR)
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
+        band_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([W, DR], dtype)
         load_layout: gl.constexpr = _rows_layout(D, NW)
         band_load_layout: gl.constexpr = _rows_layout(DR, NW)
         # F's store into the padded layout: one element a thread, consecutive columns across a warp (no bank
@@ -327,7 +327,6 @@ def near_attention_kernel(
         view_load_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [NW, 1], [1, 0])
         f_smem_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[W, 1]], [BLOCK_Q, W], [1, 0])
         view_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        dtype: gl.constexpr = q_ptr.dtype.element_ty
 
         q_op = _load_q(
             q_ptr, q_start, q_tile, q_len, head, stride_qt, stride_qh, D, BLOCK_Q, load_layout, s_layout, smem_layout,

@@ -155,6 +155,18 @@ def test_sm90_gluon_launches_compile(tmp_path):
     assert min(near[3]["programs_by_registers"], near[3]["programs_by_shared"]) == 2
 
 
+@pytest.mark.parametrize("head_dim", [16, 32])
+def test_sm90_gluon_launches_compile_small_heads(tmp_path, head_dim):
+    """Heads narrower than a 128-byte shared-memory row (the tiny model's 16, which the GPU engine test builds
+    with --attention_plugin gluon): the K/V, Q and band tiles take the swizzle their rows allow. With a fixed
+    128-byte swizzle both launches failed to compile ("Block shape is too small for the swizzle byte size")."""
+    from bench.sm90 import main as sm90_main
+
+    assert sm90_main(["--only", "gluon", "--head_dim", str(head_dim), "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "sm90.json").read_text())["rows"]
+    assert len(rows) == 8 and all(r["spill_bytes"] == 0 and r["wgmma"] > 0 for r in rows)
+
+
 def test_sm90_decode_report(tmp_path):
     """bench.sm90 --decode: the batch-1 decode over 8K keys as the launcher launches it (64 splits), the
     GEMV of the relative term over all of d_rel's 16 columns and 8 at a time (rel_slice). At the earlier
