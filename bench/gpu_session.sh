@@ -32,6 +32,8 @@
 #                                             #   engine against transformers fed in chunks (carry [".whl"])
 #     bash bench/gpu_session.sh mtp-batches   # 1 GPU: the real depths' MTP rounds at batch 1, 32, 64 (sampled; DRAFTS=0: plain steps),
 #                                             #   after the published GPU tests (carry [".whl"])
+#     bash bench/gpu_session.sh compile-check  # 1 GPU: the engine built with --compile against transformers, then
+#                                             #   the unembedding on unpadded and padded rows timed (carry [".whl"])
 #     bash bench/gpu_session.sh sampler       # 1 GPU: bench.sampler, a step's draws row by row against batched
 #     bash bench/gpu_session.sh load          # 1 GPU: engine load times in fresh processes (bench.load)
 #     bash bench/gpu_session.sh train-published  # 1 GPU: train data/inkling-small-published, the real
@@ -215,6 +217,14 @@ mtp-batches)
         --profile_batch "${PROFILE_BATCH:-1}" --tune_max_tokens 512 --decode_budget_s 8 --temperature 1 \
         ${DRAFT_VOCAB:+--draft_vocab_size "$DRAFT_VOCAB"} ${COMPILE:+--compile} --out "$OUT/e2e"
     pack mtp-batches
+    ;;
+compile-check)
+    # The gate of --compile as the default: the CUDA engine built with it against transformers (MTP included),
+    # then the unembedding's two cuBLAS forms timed at decode and verify sizes (bench.unembed); carry [".whl"]
+    with_transformers
+    run compiled_gpu 240 "${PYTEST[@]}" -m gpu tests/gpu/test_compiled_gpu.py
+    run unembed 120 python3 -m bench.unembed --out "$OUT/unembed"
+    pack compile-check
     ;;
 sampler)
     run sampler 120 python3 -m bench.sampler --out "$OUT/sampler"

@@ -261,11 +261,14 @@ class StepProgram(nn.Module):
 
     def logits(self, w, rows):
         """muP-scaled logits over the unpadded vocabulary: under tensor parallelism each rank's slice of
-        the vocabulary, gathered, its padding dropped."""
+        the vocabulary, gathered, its padding dropped. As transformers computes them: over every padded row,
+        then sliced, so the GEMM's output rows keep an aligned width (201,024, not 200,058): cuBLAS then runs
+        the unembedding at 90% of an H100's bandwidth at one row, against 82% on the unpadded rows, and 66%
+        against 45% at 128 (a verify), for 0.5% more bytes (bench.unembed)."""
         t, n = self.c.text, self.tp.tp_size
-        if n == 1:
-            return rows / t.logits_mup_width_multiplier @ w[UNEMBED][: t.num_real_tokens].T
         part = rows / t.logits_mup_width_multiplier @ w[UNEMBED].T
+        if n == 1:
+            return part[:, : t.num_real_tokens]
         return torch.ops.inkling.all_gather(part, n, self.impls["collectives"])[:, : t.num_real_tokens]
 
     @STEP.implements

@@ -354,8 +354,9 @@ class Drafter:
     def _pick(self, weights: dict, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The drafts of `out`'s rows `rows`, mapped through the draft vocabulary: the argmax of
         unembed(h / muP) over the real tokens or the draft vocabulary's (as the step's logits, in the
-        engine's dtype; INKLING_SERVING §1: no norm)."""
-        logits = out[rows] / self.heads.mup @ self.draft_lm_head[: self.num_draft_rows].T
+        engine's dtype; INKLING_SERVING §1: no norm). Over every row of the pick's lm_head, then sliced, as
+        the step's logits (builder/network.py's `logits`: aligned GEMM rows)."""
+        logits = (out[rows] / self.heads.mup @ self.draft_lm_head.T)[:, : self.num_draft_rows]
         picked = logits.float().argmax(-1)
         return picked if self.draft_ids is None else self.draft_ids[picked]
 
