@@ -113,10 +113,12 @@ class BuildConfig:
     dp_size: int = 1
     # torch.compile the step program at build and save the compiler's cache artifacts in the engine, so
     # that a load compiles from them; the runtime then compiles the MTP head program too. Off by default:
-    # the build's compile step warms a second runner (another set of KV caches) and tp > 1 builds do not
-    # support it yet. A GPU engine that serves should use it: Inductor's fusion takes the real Inkling's
-    # inkling-bench decode step from 3.44 to 2.99 ms at batch 1 and 6.27 to 5.70 ms at batch 8 on one H100
-    # (bench/results/gpu-2026-12-07/h100-compiled-batches/; the earlier model's, 2.82 to 2.60 on the H200).
+    # it adds the compile to every build (CPU builds and the GPU tests' many small ones included), and tp > 1
+    # and ep > 1 builds do not support it yet. Its engine equals transformers token for token (float32,
+    # H100, tests/gpu/test_compiled_gpu.py). A GPU engine that serves should use it: Inductor's fusion takes
+    # the real Inkling's inkling-bench decode step from 3.44 to 2.99 ms at batch 1 and 6.27 to 5.70 ms at
+    # batch 8 on one H100 (bench/results/gpu-2026-12-07/h100-compiled-batches/; the earlier model's, 2.82
+    # to 2.60 on the H200).
     compile: bool = False
     plugin_config: PluginConfig = field(default_factory=PluginConfig)
 
