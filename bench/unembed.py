@@ -1,8 +1,8 @@
 """`python -m bench.unembed`: the real Inkling's unembedding (logits = h / 24 @ W[:200058].T, W 201,024 × 6,144
 bf16) at decode and verify sizes on the GPU, two ways, against W's bytes over the bandwidth:
 
-- `sliced`: cuBLAS on the unpadded rows (the engine's form before this benchmark): the logits' rows are 200,058 wide, so
-  their leading dimension is not a multiple of 8 elements;
+- `sliced`: cuBLAS on the unpadded rows (the engine's form before this benchmark): the logits' rows are
+  200,058 wide, so their leading dimension is not a multiple of 8 elements;
 - `padded`: cuBLAS on all 201,024 rows, the logits sliced after (0.5% more bytes, aligned rows), as
   transformers computes them and as the engine does since this benchmark's first run (H100, 2026-12-07:
   820 against 896 µs at one row, 863 against 1,262 at 128). A Triton swap-AB kernel on the unpadded rows
@@ -53,10 +53,10 @@ def main() -> None:
         for name, fn in forms(w).items():
             diff = (fn(x).float() - truth).abs().max().item()
             ms = triton.testing.do_bench_cudagraph(lambda fn=fn, x=x: fn(x), rep=100, return_mode="median")
-            nbytes = (V_PADDED if name == "padded" else V_REAL) * H * 2
-            row[name] = {"us": ms * 1e3, "tb_s": nbytes / ms / 1e9, "max_diff": diff}
-            print(f"| {n} | {name} | {ms * 1e3:.1f} | {nbytes / ms / 1e9:.2f} | "
-                  f"{nbytes / ms / 1e9 / MEM_BW * 1e12:.1%} | {diff:.3g} |", flush=True)  # fmt: skip
+            bytes_per_s = (V_PADDED if name == "padded" else V_REAL) * H * 2 / (ms * 1e-3)
+            row[name] = {"us": ms * 1e3, "tb_s": bytes_per_s / 1e12, "max_diff": diff}
+            print(f"| {n} | {name} | {ms * 1e3:.1f} | {bytes_per_s / 1e12:.2f} | {bytes_per_s / MEM_BW:.1%} "
+                  f"| {diff:.3g} |", flush=True)  # fmt: skip
         results["rows"][n] = row
         scale = truth.abs().max().item()
         for name, r in row.items():
