@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--attention_plugin",
         default="auto",
-        help="the engine's attention impl (builder --attention_plugin): gluon for the Hopper prefill launches",
+        help="the engine's attention impl (builder --attention_plugin): auto takes the Gluon prefill launches on "
+        "Hopper, triton the `tl` kernel alone",
     )
     ap.add_argument(
         "--overlap_off_batches",

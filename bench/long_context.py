@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--attention_plugin",
         default="auto",
-        help="the engine's attention impl (builder --attention_plugin): gluon for the Hopper prefill launches",
+        help="the engine's attention impl (builder --attention_plugin): auto takes the Gluon prefill launches on "
+        "Hopper, triton the `tl` kernel alone",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)

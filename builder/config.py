@@ -34,11 +34,12 @@ def _require(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True)
 class PluginConfig:
-    """Which implementation each plugin op uses: "auto" picks triton on CUDA and reference elsewhere."""
+    """Which implementation each plugin op uses: "auto" picks triton on CUDA and reference elsewhere (and,
+    for the attention, gluon where the build runs on a Hopper GPU: builder.build.resolve_impls)."""
 
     # "gluon": bank_attention's one-head prefill launches on Hopper's wgmma (plugins/attention/
     # gluon_attention.py), the `tl` kernel for the rest (decode, verify, shapes Gluon does not take); a
-    # CUDA engine built on sm_90. Opt-in: "auto" stays "triton" until a GPU has checked and timed it.
+    # CUDA engine built on sm_90. "triton" keeps every launch on the portable `tl` kernel.
     attention: str = "auto"
     sconv: str = "auto"
     moe: str = "auto"

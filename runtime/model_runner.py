@@ -66,6 +66,20 @@ GRAPH_OPS = ("bank_attention", "sconv", "sigmoid_sink_moe")
 GRAPH_IMPLS = ("triton", "gluon")
 
 
+def check_device_impls(impls: dict, device: torch.device) -> None:
+    """An engine whose attention was built for Hopper's Gluon launches runs on a Hopper GPU: elsewhere they
+    cannot launch, so loading it says to rebuild rather than failing at the first prefill."""
+    if impls.get("bank_attention") != "gluon":
+        return
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if cap is None or cap[0] != 9:
+        where = f"sm_{cap[0]}{cap[1]}" if cap else str(device)
+        raise ValueError(
+            f"this engine's attention runs Gluon's Hopper launches (built on an sm_90 GPU), and this device is "
+            f"{where}: rebuild the engine here (or with --attention_plugin triton)"
+        )
+
+
 def default_cuda_graphs(device: torch.device, impls: dict, tp_size: int) -> bool:
     """Whether decode/verify steps replay CUDA graphs when the caller does not say: on for a one-rank
     CUDA engine with the Triton plugins (H200: 1.2 ms against 16 ms per step eager, tiny engine, batch 1;
@@ -126,6 +140,7 @@ class ModelRunner:
         self.layout = engine.config["cache_layout"]
         self.device = torch.device(device or engine.device)
         self.dtype = getattr(torch, engine.config["dtype"])
+        check_device_impls(engine.config["plugin_config"]["impls"], self.device)
         self.workers = workers
         self.dp, self.dp_steps = dp, 0  # dp_steps: step programs run in lockstep with the other replicas
         self.block_size = bc.tokens_per_block

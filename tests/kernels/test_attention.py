@@ -9,6 +9,7 @@ small shapes; bf16, the real shapes and CUDA graphs are `gpu`-marked.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import random
 
 import pytest
@@ -311,6 +312,31 @@ def test_gluon_impl_takes_the_prefill_launches_it_fits(monkeypatch):
             resolve_impls(BuildConfig(device="cuda", plugin_config=PluginConfig(attention="gluon")))
     with pytest.raises(BuildError, match="unknown impl 'gluon'"):
         PluginConfig(moe="gluon")
+
+
+def test_auto_attention_is_gluon_where_the_build_runs_on_hopper(monkeypatch):
+    """ "auto" takes the Gluon launches where the build's GPU runs them (sm_90 with Gluon's Hopper ops), the
+    `tl` kernel elsewhere; "triton" keeps the `tl` kernel on Hopper too. An engine built with them refuses to
+    load on another device with a clear error, instead of failing at its first prefill."""
+    from builder import BuildConfig, PluginConfig
+
+    build_module = importlib.import_module("builder.build")  # the module (builder.build is build())
+    from runtime.model_runner import check_device_impls
+
+    cuda = BuildConfig(device="cuda")
+    no_gpu = "needs a Hopper GPU (sm_90); this machine has no CUDA GPU"
+    monkeypatch.setattr(build_module, "_gluon_misfit", lambda: no_gpu)
+    assert build_module.resolve_impls(cuda)["bank_attention"] == "triton"
+    monkeypatch.setattr(build_module, "_gluon_misfit", lambda: None)  # a Hopper GPU
+    impls = build_module.resolve_impls(cuda)
+    assert impls["bank_attention"] == "gluon" and impls["kv_cache_write"] == "triton"
+    assert build_module.resolve_impls(BuildConfig(device="cuda", plugin_config=PluginConfig(attention="triton")))[
+        "bank_attention"
+    ] == "triton"  # fmt: skip
+    assert build_module.resolve_impls(BuildConfig())["bank_attention"] == "reference"  # a CPU engine
+    with pytest.raises(ValueError, match="rebuild the engine here"):
+        check_device_impls(impls, torch.device("cpu"))
+    check_device_impls({"bank_attention": "triton"}, torch.device("cpu"))  # the `tl` kernel runs anywhere
 
 
 # --- kv_cache_write ------------------------------------------------------------------------------
