@@ -30,9 +30,14 @@ from .step_graphs import on_device, to_device
 INPUT_IDS = HEAD.index("input_ids")
 HIDDEN_RING = 16  # positions of h^1..h^{M-1} kept per sequence for the heads (>= max_draft_len + 1)
 # Positions of h^0 (the trunk's rows) kept per sequence: deep enough that a round drafting nothing can leave
-# the heads behind (`Drafter.stays_behind`: they catch up, in verify-shaped passes, when a sequence drafts
-# again or its h^0 rows would otherwise leave the ring), so steps without drafts cost no head passes.
+# the heads behind (`Drafter.stays_behind`: they catch up, in catch-up passes and a verify-shaped last one,
+# when a sequence drafts again or its h^0 rows would otherwise leave the ring), so steps without drafts cost
+# no head passes.
 TRUNK_RING = 64
+# The most positions of one sequence a catch-up pass takes (its graphs' q bound), and of all its sequences:
+# a sequence left behind for TRUNK_RING steps catches up in one such pass a head, not in TRUNK_RING / 9
+# verify-shaped ones (each reads the whole depth's weights: about 0.4 ms on an H100 at batch 1).
+CATCHUP_PASS_TOKENS = 1024
 
 
 @dataclass
@@ -132,7 +137,15 @@ class Drafter:
         self.num_heads = len(heads.weights)
         self.block_size, self.max_blocks_per_seq = build.tokens_per_block, build.max_blocks_per_seq
         self.max_pass_tokens = build.max_num_tokens  # the head programs' bound
-        self.head_graphs = self.draft_graphs = None
+        # catch-up passes (`_passes`): pieces of up to catchup_q positions, passes of up to catchup_tokens
+        self.catchup_q = min(TRUNK_RING, build.max_seq_len, build.max_num_tokens)
+        self.catchup_tokens = min(
+            CATCHUP_PASS_TOKENS,
+            build.max_num_tokens,
+            build.max_seq_len,
+            build.max_batch_size * self.catchup_q,
+        )
+        self.head_graphs = self.draft_graphs = self.catchup_graphs = None
         slots, H = build.max_batch_size, self.config.hidden_size
         levels = max(self.num_heads, 1)
         self.ring_len = [TRUNK_RING] + [HIDDEN_RING] * (levels - 1)
@@ -234,12 +247,12 @@ class Drafter:
                     fresh[i] = (end, None)
             parts: dict[int, list[torch.Tensor]] = {i: [] for i in spans}
             passes = self._passes(spans, catching_up)
-            for items in passes:
+            for items, catchup in passes:
                 drafting = [
                     j for j, (i, _, end) in enumerate(items) if m <= work[i].num_drafts and end == spans[i][1]
                 ]
                 args, cu = self._head_args(m, work, items, fresh, num_drafts, drafting)
-                out = self._head_pass(m, args, bool(drafting))
+                out = self._head_pass(m, args, bool(drafting), catchup)
                 for j in drafting:
                     num_drafts[items[j][0]] += 1
                 for j, (i, _, end) in enumerate(items):
@@ -261,33 +274,28 @@ class Drafter:
 
     def _passes(
         self, spans: dict[int, tuple[int, int]], catching_up: set[int] = frozenset()
-    ) -> list[list[tuple[int, int, int]]]:
-        """A head's passes over the positions [start, end) of each work item (`spans`): each pass within the
-        head programs' max_num_tokens, at most one piece of an item in a pass (its sconv state moves through
-        the positions in order), an item's later pieces in later passes. The items `catching_up`
-        (`stays_behind`) go in pieces of a verify's positions (max_draft_len + 1, counted back from the end,
-        so the last piece holds every position that reads a draft): the shapes an MTP round runs, whose
-        graphs and kernels are made already; a pass of a new shape may compile kernels or capture a graph
-        for seconds (as measured on the H200). One pass otherwise."""
+    ) -> list[tuple[list[tuple[int, int, int]], bool]]:
+        """A head's passes over the positions [start, end) of each work item (`spans`), each with whether it
+        is a catch-up pass: each pass within the head programs' max_num_tokens, at most one piece of an
+        item in a pass (its sconv state moves through the positions in order), an item's later pieces in
+        later passes.
+
+        An item `catching_up` (`stays_behind`) ends in a piece of a verify's positions (max_draft_len + 1),
+        which holds every position that reads a draft and runs in the shapes an MTP round runs. The
+        positions before it go first, in catch-up passes: pieces of up to catchup_q positions, passes of up
+        to catchup_tokens, the shapes of the catch-up graphs (ModelRunner captures them at start-up: a
+        pass of a shape not made yet may compile kernels or capture a graph for seconds, as measured on the
+        H200). Other items go whole where they fit."""
         budget, size = self.max_pass_tokens, self.draft_stride + 1
-        pieces = {}
+        catchup, last = {}, {}
         for i, (start, end) in spans.items():
-            step = size if i in catching_up else budget
-            cuts = [start, *range(end - (end - start - 1) // step * step, end, step), end]
-            pieces[i] = [(i, a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
-        passes = []
-        while pieces:
-            items, left = [], budget
-            for i in list(pieces):
-                _, a, b = pieces[i][0]
-                if b - a > left:
-                    continue
-                items.append(pieces[i].pop(0))
-                left -= b - a
-                if not pieces[i]:
-                    del pieces[i]
-            passes.append(items)
-        return passes
+            if i in catching_up and end - start > size:
+                catchup[i] = _cut(start, end - size, self.catchup_q)
+                start = end - size
+            last[i] = _cut(start, end, budget)
+        return [(items, True) for items in _pack(catchup, min(budget, self.catchup_tokens))] + [
+            (items, False) for items in _pack(last, budget)
+        ]
 
     def stays_behind(self, w: HeadWork) -> bool:
         """Whether a decoding work item that drafts nothing this round leaves its heads where they are: while
@@ -300,17 +308,18 @@ class Drafter:
             return False
         return w.computed - w.seq.head_computed[0] <= self.ring_len[0]
 
-    def _head_pass(self, m: int, args: list, drafting: bool) -> torch.Tensor:
+    def _head_pass(self, m: int, args: list, drafting: bool, catchup: bool = False) -> torch.Tensor:
         """Head m over `args` (`_head_args`): its rows [T, H]. A drafting pass also fills the ids that stand
         for earlier drafts and writes its picks into `drafted` (`head_and_pick`), all in one CUDA graph
         (draft_graphs) where there are graphs: the host launches nothing else for it. Without
-        draft graphs (bench.e2e --eager_pick) the head's graph runs between the two, launched apart."""
+        draft graphs (bench.e2e --eager_pick) the head's graph runs between the two, launched apart.
+        A catch-up pass (`_passes`) replays the catch-up graphs."""
         # The rows stay in the graph's output buffer (copy=False): this round reads them before head m
         # replays again (run: the ring and head m + 1 copy them).
         if drafting and self.draft_graphs is not None:
             return self.draft_graphs(args, variant=m, copy=False)[0]
         n = len(HEAD.names)  # the head program's arguments (a drafting pass's pick inputs follow)
-        graphs = self.head_graphs
+        graphs = self.catchup_graphs if catchup else self.head_graphs
         # The graphs stage the ragged arguments from the host themselves (cu_seqlens and seq_lens must stay
         # there); the program without graphs takes them on the device.
         head_args = list(args[:n]) if graphs is not None else [on_device(a, self.device) for a in args[:n]]
@@ -494,3 +503,32 @@ def _split_at(rows: torch.Tensor, start: int, size: int = HIDDEN_RING) -> list[t
     """rows of positions start.. split where a ring of `size` wraps (as _ring_spans)."""
     first = size - start % size
     return [rows] if rows.shape[0] <= first else [rows[:first], rows[first:]]
+
+
+def _cut(start: int, end: int, step: int) -> list[tuple[int, int]]:
+    """[start, end) in pieces of at most `step` positions counted back from the end (the first the
+    shortest)."""
+    cuts = [start, *range(end - (end - start - 1) // step * step, end, step), end]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def _pack(pieces: dict[int, list[tuple[int, int]]], budget: int) -> list[list[tuple[int, int, int]]]:
+    """Passes of (item, start, end) within `budget` positions: at most one piece of an item a pass, its
+    pieces in order, each pass taking every item's next piece that still fits."""
+    pieces = {i: list(p) for i, p in pieces.items() if p}
+    passes = []
+    while pieces:
+        items, left = [], budget
+        for i in list(pieces):
+            a, b = pieces[i][0]
+            if b - a > left:
+                continue
+            items.append((i, *pieces[i].pop(0)))
+            left -= b - a
+            if not pieces[i]:
+                del pieces[i]
+        if not items:
+            raise ValueError(f"a piece of {min(b - a for p in pieces.values() for a, b in p[:1])} positions "
+                             f"does not fit a pass of {budget}")  # fmt: skip
+        passes.append(items)
+    return passes

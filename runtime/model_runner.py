@@ -40,6 +40,7 @@ from .step_graphs import (
     STEP_ARGS,
     StepGraphs,
     batch_buckets,
+    catchup_token_buckets,
     program_max_batch,
     q_buckets,
     to_device,
@@ -235,6 +236,7 @@ class ModelRunner:
     # The heads' graphs are the drafter's (it replays them); here for the runner's readers.
     head_graphs = property(lambda self: self.drafter.head_graphs)
     draft_graphs = property(lambda self: self.drafter.draft_graphs)
+    catchup_graphs = property(lambda self: self.drafter.catchup_graphs)
 
     @head_graphs.setter
     def head_graphs(self, graphs: StepGraphs | None) -> None:
@@ -244,10 +246,14 @@ class ModelRunner:
     def draft_graphs(self, graphs: StepGraphs | None) -> None:
         self.drafter.draft_graphs = graphs
 
+    @catchup_graphs.setter
+    def catchup_graphs(self, graphs: StepGraphs | None) -> None:
+        self.drafter.catchup_graphs = graphs
+
     def _init_graphs(self, cuda_graphs: bool | None, pad_eager: bool) -> None:
         """The step and head passes' CUDA graphs (or, pad_eager, their buckets run eager), every bucket a
         call can reach captured now: a request that opens a bucket never waits for a capture."""
-        self.step_graphs = self.head_graphs = self.draft_graphs = None
+        self.step_graphs = self.head_graphs = self.draft_graphs = self.catchup_graphs = None
         impls = self.engine.config["plugin_config"]["impls"]
         if cuda_graphs is None:
             cuda_graphs = not pad_eager and default_cuda_graphs(self.device, impls, self.engine.world_size)
@@ -267,7 +273,7 @@ class ModelRunner:
         kw = dict(use_graphs=cuda_graphs, pad_eager=pad_eager)
         pool = torch.cuda.graph_pool_handle() if cuda_graphs else None  # one pool: one graph runs at a time
 
-        def graphs(name: str, program, spec) -> StepGraphs:
+        def graphs(name: str, program, spec, tokens=tokens, qs=qs) -> StepGraphs:
             batch = batch_buckets(bc.max_batch_size, program_max_batch(self.engine.programs[name]))
             return StepGraphs(program, spec, self.device, batch, tokens, qs, pool=pool, **kw)
 
@@ -284,9 +290,12 @@ class ModelRunner:
             made += self.draft_graphs.capture(
                 lambda m: self.drafter.template_args(m, drafting=True), heads, bc.max_batch_size
             )
-        seconds = sum(
-            g.stats.capture_seconds for g in (self.step_graphs, self.head_graphs, self.draft_graphs) if g
-        )
+            # the catch-up passes of heads left behind (Drafter._passes): up to catchup_q positions a sequence
+            d = self.drafter
+            catchup = catchup_token_buckets(d.catchup_q, d.catchup_tokens)
+            self.catchup_graphs = graphs(name, self.head, HEAD_ARGS, catchup, (d.catchup_q,))
+            made += self.catchup_graphs.capture(d.template_args, heads, bc.max_batch_size)
+        seconds = sum(g.stats.capture_seconds for g in self._all_graphs() if g)
         log.info("%s %d buckets in %.1f s", "captured" if cuda_graphs else "made", made, seconds)
 
     def _idle_inputs(self) -> StepInputs:
@@ -312,8 +321,7 @@ class ModelRunner:
         were alive."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.step_graphs = self.head_graphs = self.draft_graphs = None
-        self.drafter.head_graphs = self.drafter.draft_graphs = None
+        self.step_graphs = self.head_graphs = self.draft_graphs = self.catchup_graphs = None
         gc.collect()
 
     def read_expert_load(self) -> np.ndarray:
@@ -325,11 +333,14 @@ class ModelRunner:
         torch._foreach_zero_(self.expert_load)
         return counts
 
+    def _all_graphs(self) -> tuple[StepGraphs | None, ...]:
+        return self.step_graphs, self.head_graphs, self.draft_graphs, self.catchup_graphs
+
     def graph_stats(self) -> dict[str, int]:
         """Calls of the step and head programs that ran from a bucket (graphed) or eager, and captures."""
         out: dict[str, int] = {}
-        for name, g in (("step", self.step_graphs), ("head", self.head_graphs), ("head", self.draft_graphs)):
-            if g is not None:  # the head passes with and without a draft pick count together
+        for name, g in zip(("step", "head", "head", "head"), self._all_graphs()):
+            if g is not None:  # the head passes (with a draft pick, without, catching up) count together
                 for kind, n in (
                     ("graphed", g.stats.graphed),
                     ("eager", g.stats.eager),

@@ -99,6 +99,16 @@ def token_buckets(max_batch_size: int, max_tokens_per_seq: int, max_num_tokens: 
     return tuple(sorted({t for t in pows | full if t <= limit} | {limit}))
 
 
+def catchup_token_buckets(q: int, max_tokens: int) -> tuple[int, ...]:
+    """The token buckets of the MTP heads' catch-up passes (runtime/drafter.py `_passes`), whose pieces are
+    up to q positions a sequence: q, 2q, 4q, ... below max_tokens, and max_tokens."""
+    out, t = [], q
+    while t < max_tokens:
+        out.append(t)
+        t *= 2
+    return (*out, max_tokens)
+
+
 def reachable_buckets(
     max_num_seqs: int, batch: tuple[int, ...], tokens: tuple[int, ...], qs: tuple[int, ...]
 ) -> list[tuple[int, int, int]]:
@@ -107,9 +117,11 @@ def reachable_buckets(
     serving."""
     out = set()
     for n in range(1, max_num_seqs + 1):
-        for q in range(1, qs[-1] + 1):
-            for T in range(q + n - 1, min(n * q, tokens[-1]) + 1):  # the longest sequence feeds q
-                bucket = choose_bucket(n, T, q, batch, tokens, qs)
+        # The longest sequence feeds q tokens and the others 1..q: T runs over [q + n - 1, n * q], and over
+        # the q of one q bound Q (all that choose_bucket sees of q) those ranges join into one.
+        for low, Q in zip((0, *qs), qs):
+            for T in range(low + n, min(n * Q, tokens[-1]) + 1):
+                bucket = choose_bucket(n, T, Q, batch, tokens, qs)
                 if bucket is not None:
                     out.add(bucket)
     return sorted(out, key=lambda b: (b[1], b[0], b[2]))

@@ -478,8 +478,9 @@ def test_drafts_stop_where_rounds_do_not_pay(engine, monkeypatch, pays):
 def test_heads_left_behind_catch_up_to_the_same_states(engine, drafts_again, lengths, overlap):
     """Rounds that draft nothing leave the heads behind (Drafter.stays_behind): no head pass runs until the
     sequence drafts again (here from its 17th to 20th decode step on: catch-ups of every length modulo a
-    verify's 4 positions) or the trunk's ring would drop a row they need; then passes of a verify's shape
-    cover every position, the deep heads' positions that read drafts in the last, each level's ring written
+    verify's 4 positions) or the trunk's ring would drop a row they need; then a catch-up pass and a last
+    piece of a verify's shape cover every position, the deep heads' positions that read drafts in the
+    last, each level's ring written
     after the next level has read the older rows it needs. A prompt longer than a step's tokens (60 > 48: chunked
     prefill) keeps them current through its chunks. The heads' KV rows, sconv states and drafts equal
     those of an engine whose heads kept up every step. With overlap, the steps that will not draft next run
@@ -499,7 +500,9 @@ def test_heads_left_behind_catch_up_to_the_same_states(engine, drafts_again, len
             else 0
         )
         passes, head_pass = [], drafter._head_pass
-        drafter._head_pass = lambda m, args, drafting: passes.append(m) or head_pass(m, args, drafting)
+        drafter._head_pass = lambda m, args, drafting, catchup=False: (
+            passes.append((m, catchup)) or head_pass(m, args, drafting, catchup)
+        )
         for i, ids in enumerate(prompts):
             params = SamplingParams(max_tokens=96 - max(lengths), ignore_eos=True, num_draft_tokens=3)
             eng.add_request(f"r{i}", PromptInput(ids), params)
@@ -511,10 +514,12 @@ def test_heads_left_behind_catch_up_to_the_same_states(engine, drafts_again, len
     current, kept, every = run_steps(keep_up=True)
     assert [s.output_ids for s in seqs] == [s.output_ids for s in kept]
     assert (behind.stats.overlapped_steps > 10) == overlap and not current.stats.overlapped_steps
-    # where drafting resumes, the first rounds' passes saved but for the catch-ups' (pieces of 4 positions each
-    # head); where it does not, all but the catch-ups when the ring fills
+    # where drafting resumes, the first rounds' passes saved but for the catch-ups'; where it does not, all but
+    # the catch-ups when the ring fills
     saved = len(few) < len(every) - 3 * 6 if drafts_again else len(few) < len(every) / 3
     assert few and saved, (len(few), len(every))
+    if drafts_again:  # each sequence's catch-up (under 64 positions) takes one catch-up pass a head, at most
+        assert 0 < sum(catchup for _, catchup in few) <= 3 * len(prompts), few
     for seq, ref in zip(seqs, kept):
         if drafts_again:
             assert seq.drafts == ref.drafts and seq.head_computed == ref.head_computed

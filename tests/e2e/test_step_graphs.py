@@ -395,12 +395,64 @@ def _graphs(runner) -> dict:
 
 
 def test_reachable_buckets_are_those_calls_choose():
-    from runtime.step_graphs import choose_bucket, reachable_buckets
+    from runtime.step_graphs import catchup_token_buckets, choose_bucket, reachable_buckets
 
     batch, tokens, qs = batch_buckets(4, 5), token_buckets(4, 9, 256), q_buckets(9)
     reachable = set(reachable_buckets(4, batch, tokens, qs))
+    # every (sequences, tokens, longest) a batch may have, one by one: the buckets reachable_buckets finds
+    # by q bound instead of by q (the catch-up graphs' q of 64 made the walk by q take seconds)
+    for n_seqs, toks, q_s in ((4, tokens, qs), (3, catchup_token_buckets(16, 40), (16,))):
+        walked = {
+            choose_bucket(n, T, q, batch, toks, q_s)
+            for n in range(1, n_seqs + 1)
+            for q in range(1, q_s[-1] + 1)
+            for T in range(q + n - 1, min(n * q, toks[-1]) + 1)
+        } - {None}
+        assert set(reachable_buckets(n_seqs, batch, toks, q_s)) == walked
     rng = random.Random(0)
     for _ in range(2000):
         q_lens = [rng.randint(1, 9) for _ in range(rng.randint(1, 4))]
         bucket = choose_bucket(len(q_lens), sum(q_lens), max(q_lens), batch, tokens, qs)
         assert bucket is None or bucket in reachable
+
+
+def test_heads_left_behind_catch_up_through_the_catch_up_buckets(engine_f32):
+    """Heads left behind by rounds that draft nothing (Drafter.stays_behind) catch up in the catch-up
+    buckets (runner.catchup_graphs: up to TRUNK_RING positions a sequence), padded: one sequence drafts
+    again at its 30th step, the other's ring fills; tokens, drafts and the heads' KV rows equal the unpadded
+    engine's, and no catch-up pass runs outside a bucket."""
+    from runtime import PromptInput
+    from runtime.drafter import TRUNK_RING
+
+    from ..hooks import kv_rows
+
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 960, (n,), generator=g) for n in (5, 20)]
+
+    def run(**kw):
+        eng = LLMEngine(engine_f32[0], **kw)
+        starts = {}  # a sequence's stats -> the decode step it drafts from: 30, then never
+        eng.spec.draft_policy = lambda stats, requested: (
+            requested if stats.steps >= starts.setdefault(id(stats), (30, 10**9)[len(starts) % 2]) else 0
+        )
+        for i, ids in enumerate(prompts):
+            params = SamplingParams(max_tokens=TRUNK_RING + 20, ignore_eos=True, num_draft_tokens=3)
+            eng.add_request(f"r{i}", PromptInput(ids), params)
+        for _ in range(TRUNK_RING + 10):
+            eng.step()
+        return eng, [eng.requests[f"r{i}"].seq for i in range(len(prompts))]
+
+    plain, want = run()
+    padded, got = run(pad_eager=True)
+    assert [s.output_ids for s in got] == [s.output_ids for s in want]
+    assert [s.drafts for s in got] == [s.drafts for s in want] and any(s.drafts for s in got)
+    stats = padded.runner.catchup_graphs.stats
+    assert stats.graphed >= 2 and stats.eager == 0, stats
+    assert {q for _, _, _, q in stats.buckets} == {TRUNK_RING}
+    for seq, ref in zip(got, want):
+        assert seq.head_computed == ref.head_computed
+        for d, n in enumerate(seq.head_computed):
+            for a, b in zip(
+                kv_rows(padded.runner, seq, d, range(n), True), kv_rows(plain.runner, ref, d, range(n), True)
+            ):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -60,33 +60,50 @@ def test_a_rounds_ring_writes_at_once_equal_one_by_one():
 
 
 def test_a_heads_passes_stay_within_the_programs_bound():
-    """A catch-up over many positions (Drafter.stays_behind) is cut into passes of at most max_num_tokens, an
-    item's pieces in order and in different passes, every position once."""
+    """A head's passes over many positions are cut into passes of at most max_num_tokens, an item's pieces in
+    order and in different passes, every position once. Items catching up (Drafter.stays_behind) end in a
+    piece of a verify's positions (draft_stride + 1), which holds the positions that read drafts (the last
+    max_draft_len - 1 of a deep head); the positions before it go first, in catch-up passes of up to
+    catchup_q positions a sequence and catchup_tokens a pass (the catch-up graphs' shapes)."""
     from runtime.drafter import Drafter
 
     d = Drafter.__new__(Drafter)
-    d.max_pass_tokens, d.draft_stride = 48, 3
+    d.max_pass_tokens, d.draft_stride, d.catchup_q, d.catchup_tokens = 48, 3, 16, 32
     spans = {0: (10, 70), 2: (5, 6), 3: (0, 100), 5: (40, 41)}
     passes = d._passes(spans)
-    assert passes[0] == [(0, 10, 22), (2, 5, 6), (3, 0, 4), (5, 40, 41)] and passes[1] == [(0, 22, 70)]
-    covered = {i: [] for i in spans}
-    for items in passes:
-        assert sum(end - start for _, start, end in items) <= 48
-        assert len({i for i, _, _ in items}) == len(items)
-        for i, start, end in items:
-            covered[i].append((start, end))
-    for i, (start, end) in spans.items():
-        pieces = covered[i]
-        assert pieces[0][0] == start and pieces[-1][1] == end
-        assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
-    assert d._passes({1: (3, 4), 4: (7, 9)}) == [[(1, 3, 4), (4, 7, 9)]]  # a decode round: one pass
-    # items catching up go in pieces of a verify's positions (draft_stride + 1) counted from the end, so the
-    # last piece holds the positions that read drafts (the last max_draft_len - 1 of a deep head); the others
-    # whole
+    assert passes[0] == ([(0, 10, 22), (2, 5, 6), (3, 0, 4), (5, 40, 41)], False)
+    assert passes[1] == ([(0, 22, 70)], False)
+
+    def check(passes, spans, catching_up=()):
+        covered = {i: [] for i in spans}
+        for items, catchup in passes:
+            assert sum(end - start for _, start, end in items) <= (32 if catchup else 48)
+            assert len({i for i, _, _ in items}) == len(items)
+            for i, start, end in items:
+                assert not catchup or (i in catching_up and end - start <= 16 and end <= spans[i][1] - 4)
+                covered[i].append((start, end))
+        for i, (start, end) in spans.items():
+            pieces = covered[i]
+            assert pieces[0][0] == start and pieces[-1][1] == end
+            assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+            if i in catching_up:
+                assert pieces[-1] == (max(start, end - 4), end)
+
+    check(passes, spans)
+    assert d._passes({1: (3, 4), 4: (7, 9)}) == [([(1, 3, 4), (4, 7, 9)], False)]  # a decode round: one pass
     assert d._passes({0: (0, 10), 1: (5, 30)}, catching_up={0}) == [
-        [(0, 0, 2), (1, 5, 30)],
-        [(0, 2, 6)],
-        [(0, 6, 10)],
+        ([(0, 0, 6)], True),
+        ([(0, 6, 10), (1, 5, 30)], False),
     ]
-    assert d._passes({0: (0, 9)}, catching_up={0}) == [[(0, 0, 1)], [(0, 1, 5)], [(0, 5, 9)]]
-    assert d._passes({0: (7, 9)}, catching_up={0}) == [[(0, 7, 9)]]
+    # a sequence left behind for the whole ring (64 positions, then a round of 4): pieces of 16 counted back
+    assert d._passes({0: (0, 68)}, catching_up={0}) == [
+        ([(0, 0, 16)], True), ([(0, 16, 32)], True), ([(0, 32, 48)], True), ([(0, 48, 64)], True),
+        ([(0, 64, 68)], False),
+    ]  # fmt: skip
+    assert d._passes({0: (7, 9)}, catching_up={0}) == [([(0, 7, 9)], False)]
+    # sequences catching up share catch-up passes of 32 positions (2: within a verify's positions of its end)
+    spans = {0: (0, 20), 1: (3, 40), 2: (10, 13), 4: (0, 30)}
+    passes = d._passes(spans, catching_up={0, 1, 2})
+    assert passes[:3] == [([(0, 0, 16), (1, 3, 4)], True), ([(1, 4, 20)], True), ([(1, 20, 36)], True)]
+    assert passes[3:] == [([(0, 16, 20), (1, 36, 40), (2, 10, 13), (4, 0, 30)], False)]
+    check(passes, spans, {0, 1, 2})
