@@ -94,9 +94,11 @@ LIMITS = dict(
 
 
 @pytest.fixture(scope="session")
-def server(engine_f32, tmp_path_factory):
+def server(engine_f32, tmp_path_factory, request):
     """A real Triton server on the float32 tiny engine, free localhost ports, LIMITS (the serving and
-    OpenAI API tests share it)."""
+    OpenAI API tests share it). Where a test failed while it served, its log's tail goes to the terminal:
+    a CI run keeps no files (one run, once, had every request refused with "Stub process 'ensemble_0_0' is
+    not healthy" after a timeout, and nothing said why)."""
     from model_repo.serve import ServeConfig, TritonServer, free_port
 
     cfg = ServeConfig(
@@ -104,5 +106,9 @@ def server(engine_f32, tmp_path_factory):
         grpc_port=free_port(), metrics_port=free_port(), **LIMITS,
     )  # fmt: skip
     with TritonServer(cfg) as s:
+        failed = request.session.testsfailed
         yield s
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if request.session.testsfailed > failed and reporter is not None:
+            reporter.write_line(f"\nthe Triton server's log (tests failed while it served):\n{s.log_tail()}")
     assert s.process.poll() is not None
