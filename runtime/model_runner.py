@@ -337,7 +337,8 @@ class ModelRunner:
         return self.step_graphs, self.head_graphs, self.draft_graphs, self.catchup_graphs
 
     def graph_stats(self) -> dict[str, int]:
-        """Calls of the step and head programs that ran from a bucket (graphed) or eager, and captures."""
+        """Calls of the step and head programs that ran from a bucket (graphed) or eager, and captures (at
+        start-up, and those a call waited for: a bucket start-up did not make)."""
         out: dict[str, int] = {}
         for name, g in zip(("step", "head", "head", "head"), self._all_graphs()):
             if g is not None:  # the head passes (with a draft pick, without, catching up) count together
@@ -345,6 +346,7 @@ class ModelRunner:
                     ("graphed", g.stats.graphed),
                     ("eager", g.stats.eager),
                     ("captures", g.stats.captures),
+                    ("captures_while_serving", g.stats.captures_while_serving),
                 ):
                     out[f"{name}_{kind}"] = out.get(f"{name}_{kind}", 0) + n
         return out
