@@ -31,7 +31,7 @@
 #     bash bench/gpu_session.sh long-needle   # 1 GPU: bench.long_needle, the trained small real Inkling at 8K..1M,
 #                                             #   engine against transformers fed in chunks (carry [".whl"])
 #     bash bench/gpu_session.sh mtp-batches   # 1 GPU: the real depths' MTP rounds at batch 1, 32, 64 (sampled; DRAFTS=0: plain steps),
-#                                             #   after the published GPU tests (carry [".whl"])
+#                                             #   after the MTP GPU tests, catch-ups included (carry [".whl"])
 #     bash bench/gpu_session.sh compile-check  # 1 GPU: the engine built with --compile against transformers, then
 #                                             #   the unembedding on unpadded and padded rows timed (carry [".whl"])
 #     bash bench/gpu_session.sh sampler       # 1 GPU: bench.sampler, a step's draws row by row against batched
@@ -137,7 +137,7 @@ real-kernels)
     # beside SDPA and FlexAttention (bench/bank_attention.py); carry [".whl"]
     with_transformers
     run moe_real 150 "${PYTEST[@]}" -m gpu tests/kernels/test_sigmoid_moe.py
-    run published_gpu 170 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run published_gpu 230 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
     run bank_attention 240 python3 -m bench.bank_attention --out "$OUT/attn"
     pack real-kernels
     ;;
@@ -208,7 +208,7 @@ mtp-batches)
     # 512 tokens: batch 64's verify of 4 tokens a sequence (256) falls in the bucket tuned at 512
     # (until 2026-12-06 it ran that bucket's default tiles)
     with_transformers
-    [ -n "${SKIP_TESTS:-}" ] || run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    [ -n "${SKIP_TESTS:-}" ] || run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py -k "mtp or catch_up"
     mtp=(--num_draft_tokens "${DRAFTS:-3}" --fixed_drafts)
     [ -n "${ADAPTIVE:-}" ] && mtp=(--num_draft_tokens "${DRAFTS:-3}")  # the draft policy decides, both sides
     [ "${DRAFTS:-3}" = 0 ] && mtp=()
@@ -254,8 +254,8 @@ checks)
     # the launcher's tiles and SDPA in what time is left (rows are logged as they come); carry [".whl"]
     with_transformers
     run bank_attention_gpu 180 "${PYTEST[@]}" -m gpu tests/kernels/test_bank_attention.py
-    run published_gpu 200 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
-    run variants "${VARIANTS_LIMIT:-180}" python3 -m bench.bank_attention --variants --only gluon --out "$OUT/attn"
+    run published_gpu 260 "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run variants "${VARIANTS_LIMIT:-150}" python3 -m bench.bank_attention --variants --only gluon --out "$OUT/attn"
     pack checks
     ;;
 gluon)
@@ -306,7 +306,7 @@ moe-fix)
     ;;
 plugins)
     with_transformers
-    run published_gpu "${PUB_LIMIT:-200}" "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
+    run published_gpu "${PUB_LIMIT:-260}" "${PYTEST[@]}" -m gpu tests/gpu/test_published_gpu.py
     run kernels_gpu "${KERNEL_LIMIT:-340}" "${PYTEST[@]}" -m gpu tests/kernels/test_sigmoid_moe.py \
         tests/kernels/test_sconv.py tests/kernels/test_bank_attention.py tests/kernels/test_attention.py \
         tests/kernels/test_moe_prmt.py
