@@ -23,8 +23,9 @@ import os
 import torch
 import triton.testing
 
+from bench.bound import BANDWIDTH
+
 H, V_REAL, V_PADDED, MUP = 6144, 200_058, 201_024, 24.0
-MEM_BW = 4.35e12
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -55,7 +56,7 @@ def main() -> None:
             ms = triton.testing.do_bench_cudagraph(lambda fn=fn, x=x: fn(x), rep=100, return_mode="median")
             bytes_per_s = (V_PADDED if name == "padded" else V_REAL) * H * 2 / (ms * 1e-3)
             row[name] = {"us": ms * 1e3, "tb_s": bytes_per_s / 1e12, "max_diff": diff}
-            print(f"| {n} | {name} | {ms * 1e3:.1f} | {bytes_per_s / 1e12:.2f} | {bytes_per_s / MEM_BW:.1%} "
+            print(f"| {n} | {name} | {ms * 1e3:.1f} | {bytes_per_s / 1e12:.2f} | {bytes_per_s / BANDWIDTH:.1%} "
                   f"| {diff:.3g} |", flush=True)  # fmt: skip
         results["rows"][n] = row
         scale = truth.abs().max().item()

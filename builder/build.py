@@ -29,6 +29,7 @@ from inkling.published.checkpoint import PublishedCheckpoint
 from inkling.published.config import InklingConfig
 from inkling.published.processing import PreprocessorSettings
 from inkling.published.towers import AudioEmbedding, EncoderProgram, VisionTower
+from plugins.attention.launcher import gluon_device_misfit
 
 from .compile import compile_into
 from .config import BuildConfig, BuildError
@@ -55,7 +56,11 @@ def resolve_impls(bc: BuildConfig) -> dict[str, str]:
     attention Gluon's prefill launches where the build runs on a Hopper GPU that has them (an H100: 1.1-1.4x
     the `tl` launches, the engine equal to transformers by the same tests)."""
     resolved = bc.plugin_config.resolve(bc.device)
-    if bc.plugin_config.attention == "auto" and resolved["attention"] == "triton" and _gluon_misfit() is None:
+    if (
+        bc.plugin_config.attention == "auto"
+        and resolved["attention"] == "triton"
+        and gluon_device_misfit() is None
+    ):
         resolved["attention"] = "gluon"
     if resolved["attention"] == "gluon":
         _check_gluon_device()
@@ -67,24 +72,9 @@ def resolve_impls(bc: BuildConfig) -> dict[str, str]:
     }
 
 
-def _gluon_misfit() -> str | None:
-    """Why this machine cannot run the Gluon attention launches (a Hopper GPU whose Triton has Gluon's
-    Hopper ops), or None."""
-    if not torch.cuda.is_available():
-        return "needs a Hopper GPU (sm_90); this machine has no CUDA GPU"
-    major, minor = torch.cuda.get_device_capability()
-    if major != 9:
-        return f"needs a Hopper GPU (sm_90); this one is sm_{major}{minor}"
-    try:
-        from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
-    except ImportError as e:
-        return f"needs Triton with Gluon (3.6 or later): {e}"
-    return None
-
-
 def _check_gluon_device() -> None:
     """--attention_plugin gluon builds where the Gluon launches run."""
-    why = _gluon_misfit()
+    why = gluon_device_misfit()
     if why is not None:
         raise BuildError(f"plugin_config.attention=gluon {why}")
 

@@ -72,12 +72,13 @@ def check_device_impls(impls: dict, device: torch.device) -> None:
     cannot launch, so loading it says to rebuild rather than failing at the first prefill."""
     if impls.get("bank_attention") != "gluon":
         return
-    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    if cap is None or cap[0] != 9:
-        where = f"sm_{cap[0]}{cap[1]}" if cap else str(device)
+    from plugins.attention.launcher import gluon_device_misfit
+
+    why = gluon_device_misfit(device)
+    if why is not None:
         raise ValueError(
-            f"this engine's attention runs Gluon's Hopper launches (built on an sm_90 GPU), and this device is "
-            f"{where}: rebuild the engine here (or with --attention_plugin triton)"
+            f"this engine's attention runs Gluon's Hopper launches (built on an sm_90 GPU), which {why}: rebuild "
+            "the engine here (or with --attention_plugin triton)"
         )
 
 

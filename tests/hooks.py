@@ -5,6 +5,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import torch
+
+from runtime import LLMEngine, PromptInput, SamplingParams
+from runtime.drafter import TRUNK_RING
+
 DraftOverride = Callable[[str, list[int], list[int]], list[int]]
 
 
@@ -59,3 +64,23 @@ def kv_rows(runner, seq, index: int, positions, head: bool):
     blocks = [int(table[t // bs]) for t in positions]
     offs = [t % bs for t in positions]
     return kc[blocks, offs], vc[blocks, offs]
+
+
+def leave_heads_behind(engine, **kw):
+    """An LLMEngine(engine, **kw) that leaves MTP heads behind: two prompts (5 and 20 tokens, 3 drafts asked
+    for) decoded TRUNK_RING + 10 steps under a draft policy that drafts nothing until the first sequence's
+    30th step and never for the second, whose trunk ring then fills; both catch up (Drafter.stays_behind).
+    Returns the engine and the two sequences."""
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 960, (n,), generator=g) for n in (5, 20)]
+    eng = LLMEngine(engine, **kw)
+    starts = {}  # a sequence's stats -> the decode step it drafts from: 30, then never
+    eng.spec.draft_policy = lambda stats, requested: (
+        requested if stats.steps >= starts.setdefault(id(stats), (30, 10**9)[len(starts) % 2]) else 0
+    )
+    for i, ids in enumerate(prompts):
+        params = SamplingParams(max_tokens=TRUNK_RING + 20, ignore_eos=True, num_draft_tokens=3)
+        eng.add_request(f"r{i}", PromptInput(ids), params)
+    for _ in range(TRUNK_RING + 10):
+        eng.step()
+    return eng, [eng.requests[f"r{i}"].seq for i in range(len(prompts))]

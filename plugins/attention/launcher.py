@@ -515,6 +515,24 @@ def gluon_near_launch(
     )  # fmt: skip
 
 
+def gluon_device_misfit(device: torch.device | None = None) -> str | None:
+    """Why `device` (default: this machine's current CUDA device) cannot run the Gluon launches at all, or
+    None where it can: a Hopper GPU (sm_90) whose Triton has Gluon's Hopper ops. What the builder asks
+    before it takes them and the runtime before it loads an engine built with them."""
+    if device is not None and device.type != "cuda":
+        return f"needs a Hopper GPU (sm_90); {device} is not a CUDA device"
+    if not torch.cuda.is_available():
+        return "needs a Hopper GPU (sm_90); this machine has no CUDA GPU"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        return f"needs a Hopper GPU (sm_90); this one is sm_{major}{minor}"
+    try:
+        from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
+    except ImportError as e:
+        return f"needs Triton with Gluon (3.6 or later): {e}"
+    return None
+
+
 def gluon_misfit(q: torch.Tensor, d_rel: int | None = None) -> str | None:
     """Why the Gluon launches cannot take these queries, or None where they can: a Hopper GPU, bf16 or fp16
     (wgmma), a head dimension of 16, 32, 64, 128 or 256 (rows loaded in 16-byte vectors), and for the near

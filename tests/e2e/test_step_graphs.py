@@ -421,29 +421,12 @@ def test_heads_left_behind_catch_up_through_the_catch_up_buckets(engine_f32):
     buckets (runner.catchup_graphs: up to TRUNK_RING positions a sequence), padded: one sequence drafts
     again at its 30th step, the other's ring fills; tokens, drafts and the heads' KV rows equal the unpadded
     engine's, and no catch-up pass runs outside a bucket."""
-    from runtime import PromptInput
     from runtime.drafter import TRUNK_RING
 
-    from ..hooks import kv_rows
+    from ..hooks import kv_rows, leave_heads_behind
 
-    g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, 960, (n,), generator=g) for n in (5, 20)]
-
-    def run(**kw):
-        eng = LLMEngine(engine_f32[0], **kw)
-        starts = {}  # a sequence's stats -> the decode step it drafts from: 30, then never
-        eng.spec.draft_policy = lambda stats, requested: (
-            requested if stats.steps >= starts.setdefault(id(stats), (30, 10**9)[len(starts) % 2]) else 0
-        )
-        for i, ids in enumerate(prompts):
-            params = SamplingParams(max_tokens=TRUNK_RING + 20, ignore_eos=True, num_draft_tokens=3)
-            eng.add_request(f"r{i}", PromptInput(ids), params)
-        for _ in range(TRUNK_RING + 10):
-            eng.step()
-        return eng, [eng.requests[f"r{i}"].seq for i in range(len(prompts))]
-
-    plain, want = run()
-    padded, got = run(pad_eager=True)
+    plain, want = leave_heads_behind(engine_f32[0])
+    padded, got = leave_heads_behind(engine_f32[0], pad_eager=True)
     assert [s.output_ids for s in got] == [s.output_ids for s in want]
     assert [s.drafts for s in got] == [s.drafts for s in want] and any(s.drafts for s in got)
     stats = padded.runner.catchup_graphs.stats

@@ -131,30 +131,12 @@ def test_heads_left_behind_catch_up_in_their_graphs(ckpt):
     (runner.catchup_graphs): one sequence drafts again at its 30th step, the other's ring fills. Its tokens,
     drafts and the heads' positions equal an eager engine's (float32), no catch-up pass runs eager, and no
     bucket is captured while serving."""
-    from runtime import LLMEngine
-    from runtime.drafter import TRUNK_RING
+    from ..hooks import leave_heads_behind
 
     engine = build(ckpt, config("float32"), echo=False)
-    g = torch.Generator().manual_seed(2)
-    ps = [torch.randint(0, 960, (n,), generator=g) for n in (5, 20)]
-
-    def run(**kw):
-        eng = LLMEngine(
-            engine, draft_costs=False, overlap=False, **kw
-        )  # drafts by the policy alone, in order
-        starts = {}  # a sequence's stats -> the decode step it drafts from: 30, then never
-        eng.spec.draft_policy = lambda stats, requested: (
-            requested if stats.steps >= starts.setdefault(id(stats), (30, 10**9)[len(starts) % 2]) else 0
-        )
-        for i, ids in enumerate(ps):
-            params = SamplingParams(max_tokens=TRUNK_RING + 20, ignore_eos=True, num_draft_tokens=3)
-            eng.add_request(f"r{i}", PromptInput(ids), params)
-        for _ in range(TRUNK_RING + 10):
-            eng.step()
-        return eng, [eng.requests[f"r{i}"].seq for i in range(len(ps))]
-
-    graphed, got = run()
-    eager, want = run(cuda_graphs=False)
+    # drafts by the policy alone (no measured round costs), steps in order (no overlap)
+    graphed, got = leave_heads_behind(engine, draft_costs=False, overlap=False)
+    eager, want = leave_heads_behind(engine, draft_costs=False, overlap=False, cuda_graphs=False)
     stats = graphed.runner.catchup_graphs.stats
     print(f"\ncatch-up passes graphed {stats.graphed}, eager {stats.eager}; buckets {sorted(stats.buckets)}")
     assert [s.output_ids for s in got] == [s.output_ids for s in want]

@@ -325,9 +325,9 @@ def test_auto_attention_is_gluon_where_the_build_runs_on_hopper(monkeypatch):
 
     cuda = BuildConfig(device="cuda")
     no_gpu = "needs a Hopper GPU (sm_90); this machine has no CUDA GPU"
-    monkeypatch.setattr(build_module, "_gluon_misfit", lambda: no_gpu)
+    monkeypatch.setattr(build_module, "gluon_device_misfit", lambda: no_gpu)
     assert build_module.resolve_impls(cuda)["bank_attention"] == "triton"
-    monkeypatch.setattr(build_module, "_gluon_misfit", lambda: None)  # a Hopper GPU
+    monkeypatch.setattr(build_module, "gluon_device_misfit", lambda: None)  # a Hopper GPU
     impls = build_module.resolve_impls(cuda)
     assert impls["bank_attention"] == "gluon" and impls["kv_cache_write"] == "triton"
     assert build_module.resolve_impls(BuildConfig(device="cuda", plugin_config=PluginConfig(attention="triton")))[
